@@ -1,0 +1,428 @@
+#include "bench/common.hpp"
+
+#include <sched.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "ubep/config.hpp"
+
+namespace ubep::bench {
+
+void mpi_fail(int code, const char* call) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  throw std::runtime_error(std::string("baseline MPI call failed: ") + call + ": " + std::string(text, len));
+}
+
+std::vector<std::size_t> Settings::sizes() const {
+  std::vector<std::size_t> out;
+  std::size_t s = min_size;
+  if (s == 0) {
+    out.push_back(0);
+    s = 1;
+  }
+  for (; s <= max_size; s *= 2) out.push_back(s);
+  return out;
+}
+
+std::string route_name(ubep::Route r) { return ubep::to_string(r); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---- buffers and patterns ------------------------------------------------------------------------------
+
+Buffer::Buffer(std::size_t bytes) {
+  constexpr std::size_t kPage = 4096;
+  const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(kPage, rounded));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded);  // touch every page before timing
+  ptr_.reset(p);
+}
+
+void Buffer::Free::operator()(std::byte* p) const noexcept { std::free(p); }
+
+namespace {
+// The (i >> 8) term makes the pattern differ from itself shifted by 256 bytes, so a copy that lands at
+// a wrong offset is caught too.
+std::uint8_t pattern_byte(std::size_t i, std::uint32_t seed) {
+  return static_cast<std::uint8_t>(i * 7 + (i >> 8) * 3 + seed * 13 + 1);
+}
+}  // namespace
+
+void fill_pattern(void* dst, std::size_t bytes, std::uint32_t seed) {
+  auto* p = static_cast<std::uint8_t*>(dst);
+  for (std::size_t i = 0; i < bytes; ++i) p[i] = pattern_byte(i, seed);
+}
+
+bool check_pattern(const void* src, std::size_t bytes, std::uint32_t seed, const char* what) {
+  const auto* p = static_cast<const std::uint8_t*>(src);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (p[i] != pattern_byte(i, seed)) {
+      std::fprintf(stderr, "check failed: %s: %zu-byte payload differs at offset %zu: got %u, expected %u\n", what,
+                   bytes, i, unsigned{p[i]}, unsigned{pattern_byte(i, seed)});
+      return false;
+    }
+  }
+  return true;
+}
+
+Window::Window(Kind kind, std::size_t bytes, MPI_Comm comm) {
+  // Baseline windows are built exactly as OSU builds them (no info hints), then held in one passive
+  // epoch for their whole life, like osu_*_latency with -w allocate -s lock_all.
+  const auto size = static_cast<MPI_Aint>(std::max<std::size_t>(bytes, 64));
+  if (kind == Kind::allocate) {
+    UBEP_BENCH_MPI(MPI_Win_allocate(size, 1, MPI_INFO_NULL, comm, &base_, &win_));
+  } else if (kind == Kind::create) {
+    memory_ = std::make_unique<Buffer>(static_cast<std::size_t>(size));
+    base_ = memory_->data();
+    UBEP_BENCH_MPI(MPI_Win_create(base_, size, 1, MPI_INFO_NULL, comm, &win_));
+  } else {
+    UBEP_BENCH_MPI(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm, &base_, &win_));
+  }
+  UBEP_BENCH_MPI(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
+  UBEP_BENCH_MPI(MPI_Win_lock_all(0, win_));
+  std::memset(base_, 0, static_cast<std::size_t>(size));
+  UBEP_BENCH_MPI(MPI_Win_sync(win_));
+}
+
+Window::~Window() {
+  if (win_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(win_);
+  MPI_Win_free(&win_);
+}
+
+std::byte* Window::peer_base(int rank) const {
+  MPI_Aint size = 0;
+  int disp = 0;
+  void* ptr = nullptr;
+  UBEP_BENCH_MPI(MPI_Win_shared_query(win_, rank, &size, &disp, &ptr));
+  return static_cast<std::byte*>(ptr);
+}
+
+bool Poll::pause() {
+  ++polls_;
+  if (polls_ <= 100) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+    return polls_ % 32 == 0;
+  }
+  // Once yielding, a poll costs microseconds anyway; calling MPI on every one keeps RMA aimed at this
+  // rank (which may need the target to progress) from waiting for 32 time slices of other processes.
+  sched_yield();
+  return true;
+}
+
+// ---- Bench ---------------------------------------------------------------------------------------------
+
+struct Bench::Json {
+  nlohmann::json doc;
+};
+
+namespace {
+
+std::string mpi_library() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  std::string lib(version, static_cast<std::size_t>(len));
+  if (const auto nl = lib.find('\n'); nl != std::string::npos) lib.resize(nl);
+  while (!lib.empty() && (lib.back() == ' ' || lib.back() == '\0' || lib.back() == ',')) lib.pop_back();
+  return lib;
+}
+
+std::string format_value(std::optional<double> v, int precision) {
+  if (!v) return "n/a";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", precision, *v);
+  return text;
+}
+
+// Right-aligned columns of at least 16 characters, always separated by two spaces.
+int width(const std::string& title) { return static_cast<int>(std::max<std::size_t>(16, title.size() + 2)); }
+
+// Ratios span 0.001 to 1000: three significant digits keep both ends readable.
+std::string format_ratio(std::optional<double> v) {
+  if (!v) return "n/a";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3g", *v);
+  return text;
+}
+
+}  // namespace
+
+Bench::Bench(std::string name, std::string description, const Settings& settings, ubep::Context& ctx)
+    : name_(std::move(name)),
+      description_(std::move(description)),
+      settings_(settings),
+      ctx_(ctx),
+      json_(std::make_unique<Json>()) {
+  UBEP_BENCH_MPI(MPI_Comm_dup(ctx.comm(), &comm_));
+  UBEP_BENCH_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  UBEP_BENCH_MPI(MPI_Comm_rank(comm_, &rank_));
+}
+
+Bench::~Bench() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::vector<double> Bench::time(std::size_t size, const std::vector<Loop>& loops) const {
+  const std::uint64_t iterations = settings_.iterations_for(size);
+  const std::uint64_t batches =
+      std::max<std::uint64_t>(1, std::min<std::uint64_t>(static_cast<std::uint64_t>(settings_.batches), iterations));
+  for (const Loop& l : loops) {
+    barrier();
+    l(settings_.warmup_for(size));
+  }
+  std::vector<std::vector<double>> per_iteration(loops.size());
+  for (std::uint64_t b = 0; b < batches; ++b) {
+    // Spread the remainder so that the batches add up to exactly `iterations`.
+    const std::uint64_t n = iterations / batches + (b < iterations % batches ? 1 : 0);
+    for (std::size_t i = 0; i < loops.size(); ++i) {
+      barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      loops[i](n);
+      const auto t1 = std::chrono::steady_clock::now();
+      per_iteration[i].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / static_cast<double>(n));
+    }
+  }
+  barrier();
+  std::vector<double> out;
+  for (auto& v : per_iteration) out.push_back(median(std::move(v)));
+  return out;
+}
+
+void Bench::barrier() const { UBEP_BENCH_MPI(MPI_Barrier(comm_)); }
+
+void Bench::agree(bool ok, const std::string& what) const {
+  int all = ok ? 1 : 0;
+  UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
+  if (!all) throw CheckFailed(what);
+}
+
+void Bench::start(const std::vector<std::string>& notes, std::vector<Column> columns, std::vector<Ratio> ratios) {
+  columns_ = std::move(columns);
+  ratios_ = std::move(ratios);
+  if (rank_ != 0) return;
+  const Settings& s = settings_;
+  const std::string route = route_name(ctx_.route(1));
+  std::vector<std::string> head;
+  head.push_back(name_ + ": " + description_);
+  head.push_back(std::string("ubep ") + UBEP_VERSION_STRING + "; MPI library: " + mpi_library());
+  head.push_back("ranks: " + std::to_string(ctx_.size()) + "; ubep route to rank 1: " + route +
+                 "; atomics and signals through MPI: " + (ctx_.atomics_through_mpi() ? "yes" : "no"));
+  nlohmann::json settings_json = nlohmann::json::object();
+  for (const std::string& kv : ctx_.options().describe()) {
+    head.push_back("  " + kv);
+    const auto eq = kv.find('=');
+    settings_json[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+  }
+  head.push_back("iterations: " + std::to_string(s.iterations) + " below " + std::to_string(s.large_size) + " B, " +
+                 std::to_string(s.iterations_large) + " from " + std::to_string(s.large_size) +
+                 " B; warm-up: " + std::to_string(s.warmup) + " / " + std::to_string(s.warmup_large) +
+                 "; each value is the median of " + std::to_string(s.batches) + " batches");
+  for (const std::string& n : notes) head.push_back(n);
+
+  auto& doc = json_->doc;
+  doc["benchmark"] = name_;
+  doc["description"] = description_;
+  doc["ubep_version"] = UBEP_VERSION_STRING;
+  doc["mpi_library"] = mpi_library();
+  doc["ranks"] = ctx_.size();
+  doc["route"] = route;
+  doc["settings"] = settings_json;
+  doc["iterations"] = s.iterations;
+  doc["iterations_large"] = s.iterations_large;
+  doc["warmup"] = s.warmup;
+  doc["warmup_large"] = s.warmup_large;
+  doc["large_size"] = s.large_size;
+  doc["batches"] = s.batches;
+  doc["statistic"] = "median over batches of the mean time per iteration";
+  doc["notes"] = notes;
+  doc["results"] = nlohmann::json::array();
+
+  if (s.json && (s.json->empty() || *s.json == "-")) return;  // stdout carries the JSON only
+  for (const std::string& line : head) std::printf("# %s\n", line.c_str());
+  if (s.csv) {
+    std::printf("Size");
+    for (const Column& c : columns_) std::printf(",%s", c.title.c_str());
+    for (const Ratio& r : ratios_) std::printf(",%s", r.title.c_str());
+  } else {
+    std::printf("%-10s", "# Size");
+    for (const Column& c : columns_) std::printf("%*s", width(c.title), c.title.c_str());
+    for (const Ratio& r : ratios_) std::printf("%*s", width(r.title), r.title.c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void Bench::row(std::size_t size, const std::vector<std::optional<double>>& values) {
+  if (rank_ != 0) return;
+  if (values.size() != columns_.size()) throw std::logic_error("Bench::row: one value per column expected");
+  const std::uint64_t iterations = settings_.iterations_for(size);
+  for (std::size_t i = 0; i < columns_.size(); ++i) {
+    const Column& c = columns_[i];
+    nlohmann::json rec = {{"impl", c.impl}, {"route", c.route}, {"size", size}, {"iterations", iterations}};
+    rec[c.metric] = values[i] ? nlohmann::json(*values[i]) : nlohmann::json(nullptr);
+    rec["available"] = values[i].has_value();
+    json_->doc["results"].push_back(std::move(rec));
+  }
+  const Settings& s = settings_;
+  if (s.json && (s.json->empty() || *s.json == "-")) return;
+  std::vector<std::string> cells;
+  for (std::size_t i = 0; i < columns_.size(); ++i) cells.push_back(format_value(values[i], columns_[i].precision));
+  for (const Ratio& r : ratios_) {
+    const auto& a = values.at(r.numerator);
+    const auto& b = values.at(r.denominator);
+    cells.push_back(format_ratio(a && b && *b > 0 ? std::optional<double>(*a / *b) : std::nullopt));
+  }
+  if (s.csv) {
+    std::printf("%zu", size);
+    for (const std::string& c : cells) std::printf(",%s", c.c_str());
+  } else {
+    std::printf("%-10zu", size);
+    std::vector<int> widths;
+    for (const Column& c : columns_) widths.push_back(width(c.title));
+    for (const Ratio& r : ratios_) widths.push_back(width(r.title));
+    for (std::size_t i = 0; i < cells.size(); ++i) std::printf("%*s", widths[i], cells[i].c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void Bench::finish() {
+  if (rank_ != 0 || !settings_.json) return;
+  const std::string text = json_->doc.dump(1) + "\n";
+  if (settings_.json->empty() || *settings_.json == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  std::ofstream out(*settings_.json);
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error("cannot write the JSON output to " + *settings_.json);
+}
+
+// ---- main --------------------------------------------------------------------------------------------
+
+namespace {
+
+/// Parses a size with an optional K/M/G suffix (powers of 2), like UBEP_HEAP_SIZE.
+std::size_t size_arg(const std::string& text, const char* flag) {
+  try {
+    return ubep::parse_size(text, flag);
+  } catch (const std::exception& e) {
+    throw CLI::ValidationError(flag, e.what());
+  }
+}
+
+}  // namespace
+
+int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<void(Bench&)>& body) {
+  int provided = 0;
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "%s: MPI_Init_thread failed\n", spec.name.c_str());
+    return 2;
+  }
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+
+  Settings s;
+  s.min_size = spec.default_min_size;
+  s.max_size = spec.default_max_size;
+  s.iterations = spec.default_iterations;
+  s.iterations_large = spec.default_iterations_large;
+  s.warmup = spec.default_warmup;
+  s.warmup_large = spec.default_warmup_large;
+  std::string min_text = std::to_string(s.min_size), max_text = std::to_string(s.max_size);
+  std::string json_path;
+  CLI::App app{spec.name + ": " + spec.description +
+               "\nRun with exactly 2 ranks under mpirun. Rank 0 prints. Sizes take K/M/G suffixes (powers of 2)."};
+  app.add_option("--min-size", min_text, "smallest message size in bytes")->capture_default_str();
+  app.add_option("--max-size", max_text, "largest message size in bytes (sizes double from --min-size)")
+      ->capture_default_str();
+  auto* iters = app.add_option("--iterations,-i", s.iterations, "timed iterations per size below --large-size")
+                    ->capture_default_str()
+                    ->check(CLI::PositiveNumber);
+  auto* iters_large =
+      app.add_option("--iterations-large", s.iterations_large,
+                     "timed iterations per size from --large-size on (default: " + std::to_string(s.iterations_large) +
+                         ", at most --iterations)")
+          ->check(CLI::PositiveNumber);
+  auto* warm = app.add_option("--warmup,-x", s.warmup, "untimed iterations before timing, below --large-size")
+                   ->capture_default_str();
+  auto* warm_large = app.add_option(
+      "--warmup-large", s.warmup_large,
+      "untimed iterations from --large-size on (default: " + std::to_string(s.warmup_large) + ", at most --warmup)");
+  app.add_option("--large-size", s.large_size, "first size that uses the large counts")->capture_default_str();
+  app.add_option("--batches", s.batches, "the timed loop runs in this many batches; the median batch is reported")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--csv", s.csv, "comma-separated rows (the '# ' header lines stay)");
+  auto* json = app.add_option("--json", json_path,
+                              "write JSON results to FILE; '--json' alone or '--json -' writes them to stdout "
+                              "instead of the table")
+                   ->expected(0, 1);
+  try {
+    app.parse(argc, argv);
+    s.min_size = size_arg(min_text, "--min-size");
+    s.max_size = size_arg(max_text, "--max-size");
+    if (s.min_size > s.max_size) throw CLI::ValidationError("--min-size", "must not exceed --max-size");
+    if (s.max_size > (std::size_t{1} << 30)) throw CLI::ValidationError("--max-size", "at most 1G");
+    if (iters->count() && !iters_large->count())
+      s.iterations_large = std::min(spec.default_iterations_large, s.iterations);
+    if (warm->count() && !warm_large->count()) s.warmup_large = std::min(spec.default_warmup_large, s.warmup);
+    if (json->count()) s.json = json_path;
+  } catch (const CLI::ParseError& e) {
+    const int rc = world_rank == 0 ? app.exit(e) : e.get_exit_code();
+    MPI_Finalize();
+    return rc;
+  }
+  if (world_size != 2) {
+    if (world_rank == 0) std::fprintf(stderr, "%s: needs exactly 2 ranks (got %d)\n", spec.name.c_str(), world_size);
+    MPI_Finalize();
+    return 2;
+  }
+
+  int rc = 0;
+  try {
+    ubep::Context ctx(MPI_COMM_WORLD);
+    {
+      Bench bench(spec.name, spec.description, s, ctx);
+      body(bench);
+      bench.finish();
+    }
+    ctx.finalize();
+  } catch (const CheckFailed& e) {
+    // Every rank threw (agree() is collective), so the context was finalized on the way out.
+    if (world_rank == 0) std::fprintf(stderr, "%s: FAILED: %s\n", spec.name.c_str(), e.what());
+    rc = 1;
+  } catch (const std::exception& e) {
+    // One rank alone may have failed while its peer waits in a ping-pong: end the whole job.
+    std::fprintf(stderr, "%s: rank %d: error: %s\n", spec.name.c_str(), world_rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace ubep::bench

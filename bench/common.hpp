@@ -1,0 +1,224 @@
+/// \file common.hpp
+/// What every OSU-style ubep benchmark shares: the command line, MPI and Context set-up, timing in
+/// batches with a median, the correctness checks, and the output (OSU text table, CSV, JSON).
+///
+/// A benchmark is a function `int body(Bench&)` handed to run_benchmark(), which initializes MPI,
+/// parses the flags, creates the ubep::Context, prints the header from rank 0, and turns every
+/// failure into a non-zero exit code: a wrong payload (CheckFailed, on every rank) ends the job
+/// cleanly with exit code 1; any other exception on one rank aborts the job, because its peer may be
+/// blocked in a ping-pong it can never finish.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ubep/context.hpp"
+
+namespace ubep::bench {
+
+/// Throws std::runtime_error naming the call and MPI's error string when an MPI call of a baseline fails.
+/// The baselines' communicators and windows use MPI_ERRORS_RETURN so that failures come back here.
+#define UBEP_BENCH_MPI(call)                                                           \
+  do {                                                                                 \
+    const int ubep_bench_rc_ = (call);                                                 \
+    if (ubep_bench_rc_ != MPI_SUCCESS) ::ubep::bench::mpi_fail(ubep_bench_rc_, #call); \
+  } while (0)
+
+[[noreturn]] void mpi_fail(int code, const char* call);
+
+/// A correctness check failed. Thrown on every rank at once (see agree()), so the job ends cleanly.
+class CheckFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The flags shared by all benchmarks (see --help).
+struct Settings {
+  std::size_t min_size = 1;
+  std::size_t max_size = std::size_t{4} << 20;
+  /// Timed iterations per size: `iterations` below `large_size`, `iterations_large` from it on.
+  std::uint64_t iterations = 10000;
+  std::uint64_t iterations_large = 1000;
+  std::uint64_t warmup = 1000;
+  std::uint64_t warmup_large = 100;
+  std::size_t large_size = 8192;
+  /// The timed iterations of one size run in this many batches; the reported value is the median batch.
+  int batches = 10;
+  bool csv = false;
+  /// Empty: no JSON. "-": JSON on stdout instead of the table. Otherwise a file name.
+  std::optional<std::string> json;
+
+  std::uint64_t iterations_for(std::size_t size) const { return size >= large_size ? iterations_large : iterations; }
+  std::uint64_t warmup_for(std::size_t size) const { return size >= large_size ? warmup_large : warmup; }
+  /// min_size, then doubling up to max_size (0 is followed by 1).
+  std::vector<std::size_t> sizes() const;
+};
+
+/// One implementation's timed loop: `loop(n)` runs n iterations. Type-erased per batch, never per
+/// iteration, so that the 10 ns steps of the fastest baselines stay inlined.
+using Loop = std::function<void(std::uint64_t n)>;
+template <class Step>
+Loop loop_of(Step step) {
+  return [step](std::uint64_t n) mutable {
+    for (std::uint64_t i = 0; i < n; ++i) step();
+  };
+}
+/// A loop for a rank that does not take part in the timed steps (the target of a put).
+inline Loop idle_loop() {
+  return [](std::uint64_t) {};
+}
+
+/// One column of values: its title in the table, and the (impl, route, metric) of its JSON records.
+struct Column {
+  std::string title;   ///< e.g. "ubep(us)"
+  std::string impl;    ///< e.g. "ubep", "mpi_rma"
+  std::string route;   ///< e.g. "shm", "mpi"
+  std::string metric;  ///< the JSON key of the value, e.g. "latency_us"
+  int precision = 3;   ///< decimals in the table
+};
+/// A ratio column: values[numerator] / values[denominator].
+struct Ratio {
+  std::string title;
+  std::size_t numerator;
+  std::size_t denominator;
+};
+
+/// Everything a benchmark body needs.
+class Bench {
+ public:
+  Bench(std::string name, std::string description, const Settings& settings, ubep::Context& ctx);
+  ~Bench();
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
+
+  ubep::Context& ctx() { return ctx_; }
+  /// A private duplicate of ctx.comm() for the baselines (MPI_ERRORS_RETURN), so that their traffic and
+  /// barriers never mix with ubep's own collectives.
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  const Settings& settings() const { return settings_; }
+
+  /// Rank 0 prints the header (name, versions, route, settings, iteration counts, column titles).
+  /// `notes` are extra "# " lines (what is measured, units).
+  void start(const std::vector<std::string>& notes, std::vector<Column> columns, std::vector<Ratio> ratios);
+  /// Rank 0 prints one row and keeps its JSON records; nullopt prints "n/a" (JSON: null, "available": false).
+  /// Only rank 0's values are used.
+  void row(std::size_t size, const std::vector<std::optional<double>>& values);
+  /// Rank 0 writes the JSON (if asked). Call once, after the last row.
+  void finish();
+
+  /// Times every loop at `size`: warm-up iterations, then the timed ones in Settings::batches batches.
+  /// The batches alternate between the loops (batch 1 of each loop, then batch 2, ...), with a barrier
+  /// before each, so that a slow phase of a noisy machine hits every implementation alike and the ratios
+  /// of one row stay meaningful. Returns per loop the median over batches of the time per iteration, in
+  /// microseconds (meaningful on the rank that drives the steps). Every rank passes as many loops, in the
+  /// same order.
+  std::vector<double> time(std::size_t size, const std::vector<Loop>& loops) const;
+
+  /// MPI_Barrier on comm().
+  void barrier() const;
+  /// All ranks learn whether every rank's `ok` holds; throws CheckFailed(what) on every rank otherwise.
+  void agree(bool ok, const std::string& what) const;
+
+ private:
+  std::string name_;
+  std::string description_;
+  Settings settings_;
+  ubep::Context& ctx_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  std::vector<Column> columns_;
+  std::vector<Ratio> ratios_;
+  struct Json;
+  std::unique_ptr<Json> json_;
+};
+
+/// What run_benchmark needs to know about one benchmark.
+struct Spec {
+  std::string name;         ///< "ubep_put_latency"
+  std::string description;  ///< one line for --help
+  std::size_t default_min_size = 1;
+  std::size_t default_max_size = std::size_t{4} << 20;
+  /// Default counts (see Settings). With --iterations N alone, the large count becomes
+  /// min(default_iterations_large, N); the same for --warmup.
+  std::uint64_t default_iterations = 10000;
+  std::uint64_t default_iterations_large = 1000;
+  std::uint64_t default_warmup = 1000;
+  std::uint64_t default_warmup_large = 100;
+};
+
+/// Initializes MPI (MPI_THREAD_MULTIPLE, so UBEP_PROGRESS_THREAD works), parses the flags, builds the
+/// Context and a Bench, runs `body` on every rank, finalizes. Returns the process exit code.
+int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<void(Bench&)>& body);
+
+// ---- helpers for the bodies ----------------------------------------------------------------------------
+
+/// A page-aligned local buffer (OSU aligns its buffers the same way).
+class Buffer {
+ public:
+  explicit Buffer(std::size_t bytes);
+  std::byte* data() const { return ptr_.get(); }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept;
+  };
+  std::unique_ptr<std::byte, Free> ptr_;
+};
+
+/// A baseline MPI window of `bytes` bytes per rank (at least 64), zeroed, MPI_ERRORS_RETURN, and locked
+/// with MPI_Win_lock_all for its whole life. Collective to create and to destroy.
+class Window {
+ public:
+  /// allocate: MPI_Win_allocate (what OSU uses); create: MPI_Win_create over a page-aligned buffer (the
+  /// kind of window ubep's mpi route uses); allocate_shared: MPI_Win_allocate_shared (one node only).
+  enum class Kind { allocate, create, allocate_shared };
+  Window(Kind kind, std::size_t bytes, MPI_Comm comm);
+  ~Window();
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+  MPI_Win get() const { return win_; }
+  /// This rank's part of the window.
+  std::byte* base() const { return static_cast<std::byte*>(base_); }
+  /// Kind::allocate_shared only: where `rank`'s part is mapped in this process.
+  std::byte* peer_base(int rank) const;
+
+ private:
+  MPI_Win win_ = MPI_WIN_NULL;
+  void* base_ = nullptr;
+  std::unique_ptr<Buffer> memory_;  // Kind::create only
+};
+
+/// Fills `bytes` bytes with a pattern that differs per seed and per offset, so that a stale buffer, a
+/// shifted copy or a truncated one is caught.
+void fill_pattern(void* dst, std::size_t bytes, std::uint32_t seed);
+/// True when `bytes` bytes at `src` hold fill_pattern(seed); otherwise prints the first bad offset.
+bool check_pattern(const void* src, std::size_t bytes, std::uint32_t seed, const char* what);
+
+/// The back-off of every polling loop in the baselines: ~100 polls with a pause, then sched_yield()
+/// per poll, because two ranks may share a core. pause() returns true when it is time to call into MPI:
+/// every 32 polls while spinning, every poll once yielding.
+class Poll {
+ public:
+  bool pause();
+
+ private:
+  std::uint64_t polls_ = 0;
+};
+
+/// Median of a non-empty vector.
+double median(std::vector<double> v);
+
+/// The name of Route r ("self", "shm", "mpi").
+std::string route_name(ubep::Route r);
+
+}  // namespace ubep::bench

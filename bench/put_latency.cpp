@@ -1,0 +1,88 @@
+// ubep_put_latency: time per blocking put completed remotely, like OSU's osu_put_latency (-w allocate
+// -s lock_all). Rank 0 puts to rank 1; rank 1 only checks the payload. The MPI baselines run in the same
+// job on the same ranks: MPI_Put + MPI_Win_flush(1) under MPI_Win_lock_all, on an MPI_Win_allocate window
+// (exactly OSU) and on an MPI_Win_create window (the kind ubep's mpi route uses, so that the cost of the
+// window kind and the cost of ubep itself can be told apart).
+#include "bench/common.hpp"
+
+int main(int argc, char** argv) {
+  using namespace ubep::bench;
+  Spec spec{"ubep_put_latency", "ubep put + quiet() latency vs MPI_Put + MPI_Win_flush (OSU osu_put_latency)"};
+  return run_benchmark(argc, argv, spec, [](Bench& b) {
+    ubep::Context& ctx = b.ctx();
+    const Settings& s = b.settings();
+    const bool origin = b.rank() == 0;
+    auto dst = ctx.alloc<std::byte>(s.max_size);
+    Buffer src(s.max_size);
+    Window allocated(Window::Kind::allocate, s.max_size, b.comm());
+    Window created(Window::Kind::create, s.max_size, b.comm());
+
+    b.start({"rank 0 puts `Size` bytes to rank 1 and waits for remote completion, every iteration:",
+             "  ubep:       ctx.put(dst, src, Size, 1); ctx.quiet()",
+             "  MPI:        MPI_Put(src, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an MPI_Win_allocate "
+             "window (OSU)",
+             "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
+             "latency in microseconds per iteration; ratio = ubep / MPI, ubep/create = ubep / MPI_create"},
+            {{"ubep(us)", "ubep", route_name(ctx.route(1)), "latency_us"},
+             {"MPI(us)", "mpi_rma", "mpi", "latency_us"},
+             {"MPI_create(us)", "mpi_rma_create", "mpi", "latency_us"}},
+            {{"ratio", 0, 1}, {"ubep/create", 0, 2}});
+
+    std::uint32_t seed = 0;
+    for (const std::size_t size : s.sizes()) {
+      const int n = static_cast<int>(size);
+      // Correctness first: the target's buffer, cleared beforehand, must hold the pattern afterwards.
+      ++seed;
+      if (!origin) std::memset(dst.data(), 0, size);
+      b.barrier();
+      if (origin) {
+        fill_pattern(src.data(), size, seed);
+        ctx.put(dst.data(), src.data(), size, 1);
+        ctx.quiet();
+      }
+      b.barrier();
+      bool ok = true;
+      if (!origin) {
+        ctx.progress();  // MPI_Win_sync on the mpi route: our own view of the heap catches up
+        ok = check_pattern(dst.data(), size, seed, "ubep put");
+      }
+      b.agree(ok, "ubep put delivered a wrong payload at size " + std::to_string(size));
+      for (Window* win : {&allocated, &created}) {
+        ++seed;
+        if (!origin) {
+          std::memset(win->base(), 0, size);
+          UBEP_BENCH_MPI(MPI_Win_sync(win->get()));
+        }
+        b.barrier();
+        if (origin) {
+          fill_pattern(src.data(), size, seed);
+          UBEP_BENCH_MPI(MPI_Put(src.data(), n, MPI_BYTE, 1, 0, n, MPI_BYTE, win->get()));
+          UBEP_BENCH_MPI(MPI_Win_flush(1, win->get()));
+        }
+        b.barrier();
+        if (!origin) {
+          UBEP_BENCH_MPI(MPI_Win_sync(win->get()));
+          ok = check_pattern(win->base(), size, seed, "MPI_Put");
+        }
+        b.agree(ok, "MPI_Put delivered a wrong payload at size " + std::to_string(size));
+      }
+
+      std::vector<Loop> loops(3, idle_loop());
+      if (origin) {
+        const auto mpi_put = [&](MPI_Win w) {
+          return loop_of([&src, n, w] {
+            UBEP_BENCH_MPI(MPI_Put(src.data(), n, MPI_BYTE, 1, 0, n, MPI_BYTE, w));
+            UBEP_BENCH_MPI(MPI_Win_flush(1, w));
+          });
+        };
+        loops = {loop_of([&] {
+                   ctx.put(dst.data(), src.data(), size, 1);
+                   ctx.quiet();
+                 }),
+                 mpi_put(allocated.get()), mpi_put(created.get())};
+      }
+      const std::vector<double> t = b.time(size, loops);
+      b.row(size, {t[0], t[1], t[2]});
+    }
+  });
+}

@@ -1,0 +1,281 @@
+/// \file context.hpp
+/// ubep::Context: the global address space over one MPI communicator, and every data-movement call.
+///
+/// Addresses. Every rank holds a symmetric heap of Options::heap_size bytes. Collective allocations
+/// (alloc, alloc_signals) return the same offset on every rank, so a local pointer into the heap names
+/// the same object on every rank: `put(obj.data() + i, src, n, pe)` writes element i of obj on rank pe.
+///
+/// Completion, as in OpenSHMEM:
+///  - blocking put/get/atomics are complete locally when they return (the source may be reused, the
+///    destination of a get or the result of an atomic holds the data);
+///  - put_nbi/get_nbi/put_signal_nbi return at once; the source may be reused, and the destination of a
+///    get read, only after quiet() or flush(pe);
+///  - quiet() completes every outstanding operation remotely; flush(pe) those to pe; fence() orders the
+///    operations to each peer issued before it before those issued after it, and completes nothing.
+///    All three are free when nothing is outstanding.
+///
+/// Thread safety: a Context is used by one thread at a time (the optional progress thread is internal).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ubep/error.hpp"
+#include "ubep/options.hpp"
+
+namespace ubep {
+
+class Topology;
+
+namespace detail {
+class State;
+/// Local (non-collective, non-throwing) release of a symmetric object; used by destructors.
+void release_symmetric(State& state, void* ptr) noexcept;
+void free_symmetric(State& state, void* ptr);
+}  // namespace detail
+
+/// How a rank reaches a peer. Lower is cheaper.
+enum class Route : std::uint8_t {
+  self,  ///< the rank itself: memcpy
+  shm,   ///< a rank on the same node: direct load/store into its mapped heap
+  mpi,   ///< MPI passive-target RMA on the world window
+};
+const char* to_string(Route route) noexcept;
+
+/// What a signal update does to the 64-bit signal word.
+enum class SignalOp : std::uint8_t { set, add };
+/// The comparison a wait applies: `signal <cmp> value`.
+enum class Cmp : std::uint8_t { eq, ne, gt, ge, lt, le };
+const char* to_string(SignalOp op) noexcept;
+const char* to_string(Cmp cmp) noexcept;
+
+/// Per-call settings of a wait.
+struct WaitOptions {
+  /// Deadline for this wait; unset = Options::wait_timeout (UBEP_WAIT_TIMEOUT).
+  std::optional<std::chrono::duration<double>> timeout{};
+  /// The ranks expected to write the signals, for the timeout report: one rank for all signals, or one
+  /// rank per signal (same length as the signal set). Empty = unknown.
+  std::span<const int> writers{};
+  /// A name for the report ("moe dispatch counts", ...). May be null.
+  const char* what = nullptr;
+};
+
+/// A collectively allocated array of T in the symmetric heap. Move-only. data() is the local copy; the
+/// same pointer names the peer's copy in put/get/atomics. free() is collective and checked across ranks;
+/// the destructor releases the object locally (every rank must destroy it in the same order, which the
+/// next collective allocation verifies) and never throws.
+template <class T>
+class Symmetric {
+  static_assert(std::is_trivially_copyable_v<T>, "symmetric objects must be trivially copyable");
+
+ public:
+  Symmetric() = default;
+  Symmetric(Symmetric&& other) noexcept { swap(other); }
+  Symmetric& operator=(Symmetric&& other) noexcept {
+    Symmetric(std::move(other)).swap(*this);
+    return *this;
+  }
+  Symmetric(const Symmetric&) = delete;
+  Symmetric& operator=(const Symmetric&) = delete;
+  ~Symmetric() {
+    if (state_ && ptr_) detail::release_symmetric(*state_, ptr_);
+  }
+
+  T* data() const noexcept { return ptr_; }
+  std::size_t size() const noexcept { return count_; }
+  std::size_t size_bytes() const noexcept { return count_ * sizeof(T); }
+  std::span<T> local() const noexcept { return {ptr_, count_}; }
+  T& operator[](std::size_t i) const noexcept { return ptr_[i]; }
+
+  /// Collective: frees the object on every rank; throws Errc::collective_mismatch when ranks free
+  /// different objects. Completes outstanding operations first.
+  void free() {
+    if (state_ && ptr_) detail::free_symmetric(*state_, ptr_);
+    state_.reset();
+    ptr_ = nullptr;
+    count_ = 0;
+  }
+
+ private:
+  friend class Context;
+  Symmetric(std::shared_ptr<detail::State> state, T* ptr, std::size_t count)
+      : state_(std::move(state)), ptr_(ptr), count_(count) {}
+  void swap(Symmetric& other) noexcept {
+    std::swap(state_, other.state_);
+    std::swap(ptr_, other.ptr_);
+    std::swap(count_, other.count_);
+  }
+  std::shared_ptr<detail::State> state_;
+  T* ptr_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+/// The runtime for one communicator. Move-only; collective to create and to finalize.
+class Context {
+ public:
+  /// Collective over `comm` (duplicated, so user traffic never mixes with ours). Initializes MPI with
+  /// MPI_THREAD_MULTIPLE when the caller has not; then finalize() also finalizes MPI. Allocates the
+  /// symmetric heap, maps node peers, builds the route table and the topology.
+  explicit Context(MPI_Comm comm = MPI_COMM_WORLD, Options options = Options::from_env());
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  /// Never throws. A context not finalized releases its local resources only and prints a warning.
+  ~Context();
+
+  /// Collective: completes all operations, frees the heap and the windows, and finalizes MPI if this
+  /// context initialized it. Every later call on this context or its objects throws Errc::finalized.
+  void finalize();
+  bool finalized() const noexcept;
+
+  int rank() const;
+  int size() const;
+  /// The duplicated communicator ubep uses (for MPI baselines that must run on the same ranks).
+  MPI_Comm comm() const;
+  const Options& options() const;
+  /// How this rank reaches `pe`.
+  Route route(int pe) const;
+  /// True when atomics and signals go through MPI for every peer (some peer is off-node, or forced).
+  bool atomics_through_mpi() const;
+  /// This rank's node (real or emulated) and the ranks on it.
+  int node() const;
+  std::span<const int> node_ranks() const;
+  /// Who is close to whom; built at construction.
+  const Topology& topology() const;
+  /// The MPI thread level in force.
+  int thread_level() const;
+
+  // ---- collective memory ----------------------------------------------------------------------------
+  /// Collective: `count` elements of T, aligned to max(64, alignof(T)), same offset on every rank,
+  /// uninitialized. count may be 0 (data() is then null). Throws OutOfHeap naming UBEP_HEAP_SIZE, and
+  /// Errc::collective_mismatch when ranks ask for different sizes or allocate in different orders.
+  template <class T>
+  [[nodiscard]] Symmetric<T> alloc(std::size_t count) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return Symmetric<T>(state_ptr(), static_cast<T*>(alloc_bytes(count, sizeof(T), alignof(T))), count);
+  }
+  /// Collective: `count` 64-bit signal words, set to `initial` on every rank before any rank returns.
+  [[nodiscard]] Symmetric<std::uint64_t> alloc_signals(std::size_t count, std::uint64_t initial = 0);
+  /// Collective barrier with a timeout; for setup code only, never used by ubep's data path.
+  void barrier();
+  /// Bytes of symmetric heap still free (the largest block).
+  std::size_t heap_free() const;
+
+  // ---- RMA ------------------------------------------------------------------------------------------
+  /// Copies `bytes` from local `src` to symmetric `dest` on `pe`. Locally complete on return.
+  void put(void* dest, const void* src, std::size_t bytes, int pe);
+  /// Copies `bytes` from symmetric `src` on `pe` to local `dest`. Complete on return.
+  void get(void* dest, const void* src, std::size_t bytes, int pe);
+  /// Non-blocking put: `src` may be reused only after quiet()/flush(pe) (on self/shm it already may).
+  void put_nbi(void* dest, const void* src, std::size_t bytes, int pe);
+  /// Non-blocking get: `dest` holds the data only after quiet()/flush(pe).
+  void get_nbi(void* dest, const void* src, std::size_t bytes, int pe);
+
+  template <class T>
+  void put(T* dest, std::span<const T> src, int pe) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    put(static_cast<void*>(dest), src.data(), src.size_bytes(), pe);
+  }
+  template <class T>
+  void get(std::span<T> dest, const T* src, int pe) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    get(dest.data(), static_cast<const void*>(src), dest.size_bytes(), pe);
+  }
+
+  /// Orders: operations to each peer before the fence are delivered before those after it.
+  void fence();
+  /// Completes every outstanding operation (puts, gets, atomics, deferred signals) remotely.
+  void quiet();
+  /// Completes every outstanding operation to `pe` remotely.
+  void flush(int pe);
+
+  // ---- atomics on 64-bit words (8-byte aligned symmetric addresses) -----------------------------------
+  // All are complete on return and atomic with respect to each other, from every rank, on every route.
+  std::uint64_t atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe);
+  /// Non-fetching add: complete remotely at the next quiet()/flush(pe); atomic like the others.
+  void atomic_add(std::uint64_t* dest, std::uint64_t value, int pe);
+  /// Sets *dest to `desired` if it equals `expected`; returns the old value either way.
+  std::uint64_t atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe);
+  std::uint64_t atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe);
+  std::uint64_t atomic_fetch(const std::uint64_t* dest, int pe);
+  /// Non-fetching set: complete remotely at the next quiet()/flush(pe).
+  void atomic_set(std::uint64_t* dest, std::uint64_t value, int pe);
+
+  // ---- signals -------------------------------------------------------------------------------------
+  /// Puts `bytes` to `dest` on `pe`, then updates the signal `sig` on `pe` (set or add `value`). Any rank
+  /// that observes this update also sees the data of this call. Locally complete on return; the signal is
+  /// on its way (delivered without further calls on the self/shm routes, issued at once on mpi).
+  void put_signal(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value, SignalOp op,
+                  int pe);
+  /// Non-blocking put_signal. `src` may be reused after quiet()/flush(pe). On the mpi route the signal
+  /// is held back and issued after one flush that covers all data puts (batching): it is delivered at the
+  /// latest by this rank's next quiet(), flush(pe), wait or test.
+  void put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
+                      SignalOp op, int pe);
+  /// A signal update alone, ordered after every earlier put to `pe` that was followed by fence()
+  /// or issued by put_signal. Delivered like put_signal_nbi's signal.
+  void signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe);
+  /// The current value of a local signal (an acquire load).
+  std::uint64_t signal_fetch(const std::uint64_t* sig) const;
+
+  /// Blocks until `*sig <cmp> value` holds for the local signal; returns the value observed. Throws
+  /// Errc::timeout with a report (signal, value, condition, expected writers) when the deadline passes.
+  std::uint64_t wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
+  /// Blocks until every signal in `sigs` satisfies the condition.
+  void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
+  /// Same, with one value per signal (`values.size() == sigs.size()`).
+  void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
+                      const WaitOptions& opts = {});
+  /// Blocks until at least one signal satisfies the condition; returns its index.
+  std::size_t wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
+                             const WaitOptions& opts = {});
+  std::size_t wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
+                             const WaitOptions& opts = {});
+  /// Blocks until at least one signal satisfies the condition; returns the indices of all that do.
+  std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
+                                           const WaitOptions& opts = {});
+  std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp,
+                                           std::span<const std::uint64_t> values, const WaitOptions& opts = {});
+  /// Never block: whether the condition holds now (test), the index of one signal that satisfies it
+  /// (test_any), the indices of all that do (test_some), whether all do (test_all).
+  bool test(const std::uint64_t* sig, Cmp cmp, std::uint64_t value);
+  bool test_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
+  std::optional<std::size_t> test_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
+  std::vector<std::size_t> test_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
+
+  /// Lets MPI progress and delivers deferred signals; for long loops that do not otherwise call ubep.
+  void progress();
+
+  /// Internal state (for ubep's own layers: moe/, tools/).
+  detail::State& state() const;
+
+ private:
+  std::shared_ptr<detail::State> state_ptr() const;
+  void* alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align);
+  std::shared_ptr<detail::State> state_;
+};
+
+/// True when `*sig <cmp> value`.
+constexpr bool compare(std::uint64_t sig, Cmp cmp, std::uint64_t value) noexcept {
+  switch (cmp) {
+    case Cmp::eq: return sig == value;
+    case Cmp::ne: return sig != value;
+    case Cmp::gt: return sig > value;
+    case Cmp::ge: return sig >= value;
+    case Cmp::lt: return sig < value;
+    case Cmp::le: return sig <= value;
+  }
+  return false;
+}
+
+}  // namespace ubep

@@ -1,0 +1,66 @@
+/// \file options.hpp
+/// Every setting of ubep in one struct, read once from the environment (UBEP_*). A program may also build
+/// an Options by hand and pass it to the Context. All ranks must use the same values for the settings
+/// marked "collective"; the Context checks the heap size and the transports and throws otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ubep {
+
+/// How a wait polls: spin with a CPU pause, then yield the core, then sleep in doubling steps.
+struct PollPolicy {
+  std::uint32_t spin = 256;           ///< polls with a pause instruction before yielding
+  std::uint32_t yield = 4096;         ///< polls with sched_yield() before sleeping
+  std::uint32_t sleep_max_us = 64;    ///< the longest sleep between polls once sleeping, in microseconds
+  std::uint32_t progress_every = 32;  ///< call into MPI (Win_sync + Iprobe) every this many polls
+  /// Parses UBEP_POLL: "adaptive" (the default above), "spin" (never yield: dedicated cores), "yield"
+  /// (spin 0, yield forever), or "spin=N,yield=M,sleep_max_us=K,progress_every=P" (any subset).
+  static PollPolicy parse(const std::string& text);
+};
+
+/// The settings of a Context. Defaults are the documented defaults of the environment variables.
+struct Options {
+  /// UBEP_HEAP_SIZE (collective): bytes of symmetric heap per rank. Suffixes K, M, G (powers of 2). Default 256M.
+  std::size_t heap_size = std::size_t{256} << 20;
+  /// UBEP_WAIT_TIMEOUT: seconds every wait may block before it throws Errc::timeout. Default 300; 0 = never.
+  std::chrono::duration<double> wait_timeout{300.0};
+  /// UBEP_POLL: the polling policy of every wait; see PollPolicy::parse.
+  PollPolicy poll{};
+  /// UBEP_TRANSPORTS (collective): the transports the route table may use, cheapest first among
+  /// self, shm, mpi. Default "self,shm,mpi". "mpi" alone sends every operation, to self too, through MPI RMA.
+  std::vector<std::string> transports{"self", "shm", "mpi"};
+  /// UBEP_PROGRESS_THREAD: 1 starts a thread that calls into MPI while the application computes, so
+  /// RMA aimed at this rank keeps completing. Needs MPI_THREAD_MULTIPLE. Default 0.
+  bool progress_thread = false;
+  /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
+  std::uint32_t progress_interval_us = 50;
+  /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.
+  /// "N" = N nodes of consecutive ranks; "0,1|2,3" = explicit rank lists per node. Empty = off.
+  /// Ranks on different emulated nodes use the mpi route and see "node" or farther distances; every
+  /// output that depends on it says that it is emulated.
+  std::string virtual_nodes;
+  /// UBEP_SCHEDULE: order of peers in all-to-all traffic: linear, shifted or topology (default).
+  std::string schedule = "topology";
+  /// UBEP_TOPOLOGY_FILE: a Slurm topology.conf giving switch-level distances between nodes. Empty = none.
+  std::string topology_file;
+  /// UBEP_TOPOLOGY_PROBE: 1 refines the cost matrix with a measured ping-pong per distance class. Default 0.
+  bool topology_probe = false;
+  /// UBEP_RUN_AHEAD: how many MoE calls a rank may run ahead of the slowest peer (buffer sets). Default 2.
+  std::uint32_t run_ahead = 2;
+
+  /// Reads every UBEP_* variable once. Throws Errc::invalid_argument naming the variable and the value
+  /// when one cannot be parsed.
+  static Options from_env();
+  /// The settings as "NAME=value" lines, for ubep-info and benchmark headers.
+  std::vector<std::string> describe() const;
+};
+
+/// Parses a byte size with an optional K/M/G/T suffix (powers of 2). Throws Errc::invalid_argument.
+std::size_t parse_size(const std::string& text, const char* what);
+
+}  // namespace ubep

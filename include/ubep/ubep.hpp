@@ -1,0 +1,9 @@
+/// \file ubep.hpp
+/// Umbrella header: the whole public API of ubep.
+#pragma once
+
+#include "ubep/config.hpp"
+#include "ubep/context.hpp"
+#include "ubep/error.hpp"
+#include "ubep/options.hpp"
+#include "ubep/topology.hpp"

@@ -1,0 +1,448 @@
+#include "ubep/context.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <sstream>
+
+#include "runtime/mpi_check.hpp"
+#include "runtime/state.hpp"
+#include "topology/discover.hpp"
+
+namespace ubep {
+namespace detail {
+
+std::string State::prefix(const char* call) const { return "ubep: rank " + std::to_string(rank) + ": " + call + ": "; }
+
+void State::fail(Errc code, const char* call, const std::string& what) const { throw Error(code, prefix(call) + what); }
+
+std::size_t State::check_range(const char* call, const void* addr, std::size_t bytes) const {
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  const auto b = reinterpret_cast<std::uintptr_t>(base);
+  if (addr == nullptr || a < b || a >= b + heap_size) {
+    std::ostringstream msg;
+    msg << "address " << addr << " is not in the symmetric heap [" << static_cast<const void*>(base) << ", +"
+        << heap_size << " bytes); pass a pointer into an object from Context::alloc";
+    fail(Errc::not_symmetric, call, msg.str());
+  }
+  const std::size_t off = a - b;
+  if (bytes > heap_size - off) {
+    fail(Errc::out_of_range, call,
+         "[offset " + std::to_string(off) + ", +" + std::to_string(bytes) + " bytes) runs past the end of the " +
+             std::to_string(heap_size) + "-byte symmetric heap");
+  }
+  const auto block = heap.find(off);
+  if (!block) {
+    fail(Errc::out_of_range, call,
+         "heap offset " + std::to_string(off) + " is not inside a live symmetric object (freed, or never allocated)");
+  }
+  if (bytes > block->offset + block->size - off) {
+    fail(Errc::out_of_range, call,
+         "[offset " + std::to_string(off) + ", +" + std::to_string(bytes) +
+             " bytes) runs past the end of its object [" + std::to_string(block->offset) + ", " +
+             std::to_string(block->offset + block->size) + ")");
+  }
+  return off;
+}
+
+std::size_t State::check_word(const char* call, const void* addr) const {
+  if (reinterpret_cast<std::uintptr_t>(addr) % 8 != 0) {
+    std::ostringstream msg;
+    msg << "address " << addr << " is not 8-byte aligned (64-bit atomics and signals need an aligned word)";
+    fail(Errc::misaligned, call, msg.str());
+  }
+  return check_range(call, addr, 8);
+}
+
+std::size_t State::prepare_atomic(const char* call, const void* addr, int pe) {
+  check_alive(call);
+  check_pe(call, pe);
+  const std::size_t off = check_word(call, addr);
+  flush_pending_signals();  // atomics and deferred signals on one word stay in program order
+  return off;
+}
+
+bool State::release(std::size_t offset) noexcept { return heap.release(offset); }
+
+void State::teardown() noexcept {
+  progress_stop = true;
+  if (progress_thread.joinable()) progress_thread.join();
+  if (world_win != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(world_win);
+    MPI_Win_free(&world_win);
+  }
+  if (node_win != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(node_win);
+    MPI_Win_free(&node_win);
+  }
+  for (MPI_Comm* c : {&progress_comm, &node_comm, &comm}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+  base = nullptr;
+}
+
+void release_symmetric(State& state, void* ptr) noexcept {
+  if (state.finalized || state.base == nullptr) return;
+  state.release(static_cast<char*>(ptr) - state.base);
+}
+
+void free_symmetric(State& state, void* ptr) {
+  state.check_alive("free");
+  const std::size_t off = state.check_range("free", ptr, 0);
+  state.quiet();
+  state.collective("free", CollKind::free, {static_cast<std::int64_t>(off)}, {"offset"});
+  if (!state.release(off))
+    state.fail(Errc::internal, "free", "object at offset " + std::to_string(off) + " is not live");
+}
+
+}  // namespace detail
+
+using detail::State;
+
+const char* to_string(Route route) noexcept {
+  switch (route) {
+    case Route::self: return "self";
+    case Route::shm: return "shm";
+    case Route::mpi: return "mpi";
+  }
+  return "?";
+}
+
+namespace {
+
+bool allowed(const Options& o, const char* t) {
+  for (const auto& x : o.transports) {
+    if (x == t) return true;
+  }
+  return false;
+}
+
+std::int64_t hash_text(const std::string& s) {
+  return static_cast<std::int64_t>(std::hash<std::string>{}(s)&0x3fffffffffffffffULL);
+}
+
+void set_errors_return(State& s, MPI_Comm c) {
+  UBEP_MPI_CHECK(s.rank, "Context()", MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+}
+
+void build(State& s, MPI_Comm user_comm) {
+  const char* call = "Context()";
+  int initialized = 0, fin = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&fin);
+  if (fin) throw Error(Errc::finalized, "ubep: Context(): MPI was already finalized");
+  if (!initialized) {
+    int provided = 0;
+    UBEP_MPI_CHECK(-1, call, MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    s.owns_mpi = true;
+  }
+  MPI_Query_thread(&s.thread_level);
+  UBEP_MPI_CHECK(-1, call, MPI_Comm_dup(user_comm, &s.comm));
+  MPI_Comm_rank(s.comm, &s.rank);
+  MPI_Comm_size(s.comm, &s.size);
+  set_errors_return(s, s.comm);
+
+  // Collective settings must agree: a heap of a different size would give different offsets.
+  std::string transports;
+  for (const auto& t : s.options.transports) transports += t + ",";
+  s.heap_size = (s.options.heap_size + 4095) & ~std::size_t{4095};  // also works around MPICH 4.0.2 (64-byte rule)
+  s.collective(call, detail::CollKind::create,
+               {static_cast<std::int64_t>(s.heap_size), hash_text(transports), hash_text(s.options.virtual_nodes)},
+               {"UBEP_HEAP_SIZE", "hash(UBEP_TRANSPORTS)", "hash(UBEP_VIRTUAL_NODES)"});
+
+  const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
+  MPI_Comm shared = MPI_COMM_NULL;
+  UBEP_MPI_CHECK(s.rank, call, MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &shared));
+  if (vnodes.empty()) {
+    s.node_comm = shared;
+  } else {
+    UBEP_MPI_CHECK(s.rank, call, MPI_Comm_split(shared, vnodes[s.rank], s.rank, &s.node_comm));
+    MPI_Comm_free(&shared);
+  }
+  set_errors_return(s, s.node_comm);
+  int node_size = 0;
+  MPI_Comm_size(s.node_comm, &node_size);
+  s.node_ranks.assign(node_size, 0);
+  UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&s.rank, 1, MPI_INT, s.node_ranks.data(), 1, MPI_INT, s.node_comm));
+
+  // The heap: one shared segment per node, mapped by every node peer.
+  MPI_Info info;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  MPI_Info_set(info, "same_disp_unit", "true");
+  const int rc =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(s.heap_size), 1, info, s.node_comm, &s.base, &s.node_win);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS) {
+    throw OutOfHeap(s.prefix(call) + "could not allocate the " + std::to_string(s.heap_size) +
+                    "-byte symmetric heap (UBEP_HEAP_SIZE) in shared memory; lower UBEP_HEAP_SIZE or enlarge /dev/shm");
+  }
+  UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.node_win, MPI_ERRORS_RETURN));
+  UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.node_win));
+  std::vector<char*> bases(s.size, nullptr);
+  for (int i = 0; i < node_size; ++i) {
+    MPI_Aint sz = 0;
+    int disp = 0;
+    char* ptr = nullptr;
+    UBEP_MPI_CHECK(s.rank, call, MPI_Win_shared_query(s.node_win, i, &sz, &disp, &ptr));
+    bases[s.node_ranks[i]] = ptr;
+  }
+
+  // The route table: the cheapest allowed transport that reaches each peer.
+  const bool self_ok = allowed(s.options, "self"), shm_ok = allowed(s.options, "shm"),
+             mpi_ok = allowed(s.options, "mpi");
+  s.routes.assign(s.size, Route::mpi);
+  bool need_mpi = false;
+  for (int pe = 0; pe < s.size; ++pe) {
+    if (pe == s.rank && (self_ok || shm_ok)) {
+      s.routes[pe] = Route::self;
+    } else if (bases[pe] != nullptr && shm_ok) {
+      s.routes[pe] = Route::shm;
+    } else if (mpi_ok) {
+      s.routes[pe] = Route::mpi;
+      need_mpi = true;
+    } else {
+      s.fail(Errc::invalid_argument, call,
+             "no allowed transport reaches rank " + std::to_string(pe) + " (UBEP_TRANSPORTS=" + transports +
+                 " and rank " + std::to_string(pe) + " is on another node): add mpi");
+    }
+  }
+  // Every rank must agree on whether the world window exists (its creation is collective).
+  int need_any = need_mpi ? 1 : 0;
+  UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(MPI_IN_PLACE, &need_any, 1, MPI_INT, MPI_MAX, s.comm));
+  if (need_any) {
+    MPI_Info winfo;
+    MPI_Info_create(&winfo);
+    MPI_Info_set(winfo, "same_disp_unit", "true");
+    UBEP_MPI_CHECK(s.rank, call,
+                   MPI_Win_create(s.base, static_cast<MPI_Aint>(s.heap_size), 1, winfo, s.comm, &s.world_win));
+    MPI_Info_free(&winfo);
+    UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.world_win, MPI_ERRORS_RETURN));
+    UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.world_win));
+    s.mpi = std::make_unique<detail::MpiRmaTransport>(s.world_win, s.rank, s.size);
+  }
+  s.uses_mpi = need_mpi;
+  s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
+  s.transport_of.resize(s.size);
+  for (int pe = 0; pe < s.size; ++pe) {
+    s.transport_of[pe] = s.routes[pe] == Route::mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
+  }
+  // CPU atomics and MPI accumulates are not atomic with respect to each other, so atomics and signals
+  // take one path for every peer: load/store when every peer is mapped, MPI otherwise.
+  s.atomics = need_mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
+  s.heap = detail::HeapAllocator(0, s.heap_size);
+
+  s.topology = detail::gather_topology(s.comm, s.options, vnodes);
+  s.node_id = s.topology.node_of(s.rank);
+
+  if (s.options.progress_thread) {
+    if (s.thread_level != MPI_THREAD_MULTIPLE) {
+      s.fail(Errc::unsupported, call,
+             "UBEP_PROGRESS_THREAD=1 needs MPI_THREAD_MULTIPLE (MPI was initialized with a lower level)");
+    }
+    UBEP_MPI_CHECK(s.rank, call, MPI_Comm_dup(s.comm, &s.progress_comm));
+    const auto interval = std::chrono::microseconds(s.options.progress_interval_us);
+    s.progress_thread = std::thread([&s, interval] {
+      while (!s.progress_stop.load(std::memory_order_relaxed)) {
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s.progress_comm, &flag, MPI_STATUS_IGNORE);
+        std::this_thread::sleep_for(interval);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+Context::Context(MPI_Comm comm, Options options) : state_(std::make_shared<State>()) {
+  state_->options = std::move(options);
+  try {
+    build(*state_, comm);
+  } catch (...) {
+    state_->teardown();
+    if (state_->owns_mpi) MPI_Finalize();
+    state_->finalized = true;
+    throw;
+  }
+}
+
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
+
+Context::~Context() {
+  if (!state_ || state_->finalized) return;
+  try {
+    finalize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ubep: rank %d: ~Context: finalize failed: %s\n", state_->rank, e.what());
+  }
+}
+
+void Context::finalize() {
+  State& s = *state_;
+  s.check_alive("finalize");
+  s.quiet();
+  s.collective("finalize", detail::CollKind::finalize, {});
+  s.teardown();
+  s.finalized = true;
+  if (s.owns_mpi) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+  }
+}
+
+bool Context::finalized() const noexcept { return !state_ || state_->finalized; }
+int Context::rank() const { return state_->rank; }
+int Context::size() const { return state_->size; }
+MPI_Comm Context::comm() const {
+  state_->check_alive("comm");
+  return state_->comm;
+}
+const Options& Context::options() const { return state_->options; }
+Route Context::route(int pe) const {
+  state_->check_pe("route", pe);
+  return state_->routes[pe];
+}
+bool Context::atomics_through_mpi() const { return state_->atomics != state_->load_store.get(); }
+int Context::node() const { return state_->node_id; }
+std::span<const int> Context::node_ranks() const { return state_->node_ranks; }
+const Topology& Context::topology() const { return state_->topology; }
+int Context::thread_level() const { return state_->thread_level; }
+detail::State& Context::state() const { return *state_; }
+std::shared_ptr<detail::State> Context::state_ptr() const { return state_; }
+
+void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align) {
+  State& s = *state_;
+  s.check_alive("alloc");
+  if (elem_size != 0 && count > (std::size_t{1} << 62) / elem_size) {
+    s.fail(
+        Errc::overflow, "alloc",
+        std::to_string(count) + " elements of " + std::to_string(elem_size) + " bytes overflow the size computation");
+  }
+  const std::size_t bytes = count * elem_size;
+  align = std::max<std::size_t>(align, 64);
+  std::optional<std::size_t> off;
+  if (bytes) off = s.heap.allocate(bytes, align);
+  const std::int64_t where = bytes == 0 ? -2 : (off ? static_cast<std::int64_t>(*off) : -1);
+  try {
+    s.collective("alloc", detail::CollKind::alloc, {static_cast<std::int64_t>(bytes), where}, {"bytes", "offset"});
+  } catch (...) {
+    if (off) s.release(*off);
+    throw;
+  }
+  if (bytes == 0) return nullptr;
+  if (!off) {
+    const std::size_t needed = s.heap.bytes_live() + bytes + align;
+    throw OutOfHeap(s.prefix("alloc") + std::to_string(bytes) + " bytes requested, the largest free block is " +
+                    std::to_string(s.heap.largest_free()) + " of UBEP_HEAP_SIZE=" + std::to_string(s.heap_size) +
+                    " bytes; set UBEP_HEAP_SIZE to at least " + std::to_string(needed));
+  }
+  return s.base + *off;
+}
+
+Symmetric<std::uint64_t> Context::alloc_signals(std::size_t count, std::uint64_t initial) {
+  Symmetric<std::uint64_t> sig = alloc<std::uint64_t>(count);
+  for (std::size_t i = 0; i < count; ++i)
+    std::atomic_ref<std::uint64_t>(sig[i]).store(initial, std::memory_order_relaxed);
+  // No rank may signal into this array before every rank has initialized its copy.
+  state_->collective("alloc_signals", detail::CollKind::signals, {static_cast<std::int64_t>(count)}, {"count"});
+  return sig;
+}
+
+void Context::barrier() {
+  state_->check_alive("barrier");
+  state_->quiet();
+  state_->collective("barrier", detail::CollKind::barrier, {});
+}
+
+std::size_t Context::heap_free() const { return state_->heap.largest_free(); }
+
+void Context::put(void* dest, const void* src, std::size_t bytes, int pe) {
+  State& s = *state_;
+  s.check_alive("put");
+  s.check_pe("put", pe);
+  if (bytes == 0) return;
+  const std::size_t off = s.check_range("put", dest, bytes);
+  s.data_route(pe).put(off, src, bytes, pe);
+}
+
+void Context::get(void* dest, const void* src, std::size_t bytes, int pe) {
+  State& s = *state_;
+  s.check_alive("get");
+  s.check_pe("get", pe);
+  if (bytes == 0) return;
+  const std::size_t off = s.check_range("get", src, bytes);
+  s.data_route(pe).get(dest, off, bytes, pe);
+}
+
+void Context::put_nbi(void* dest, const void* src, std::size_t bytes, int pe) {
+  State& s = *state_;
+  s.check_alive("put_nbi");
+  s.check_pe("put_nbi", pe);
+  if (bytes == 0) return;
+  const std::size_t off = s.check_range("put_nbi", dest, bytes);
+  s.data_route(pe).put_nbi(off, src, bytes, pe);
+}
+
+void Context::get_nbi(void* dest, const void* src, std::size_t bytes, int pe) {
+  State& s = *state_;
+  s.check_alive("get_nbi");
+  s.check_pe("get_nbi", pe);
+  if (bytes == 0) return;
+  const std::size_t off = s.check_range("get_nbi", src, bytes);
+  s.data_route(pe).get_nbi(dest, off, bytes, pe);
+}
+
+void Context::fence() {
+  State& s = *state_;
+  s.check_alive("fence");
+  s.load_store->fence();
+  if (s.mpi) s.mpi->fence();
+}
+
+void Context::quiet() {
+  state_->check_alive("quiet");
+  state_->quiet();
+}
+
+void Context::flush(int pe) {
+  State& s = *state_;
+  s.check_alive("flush");
+  s.check_pe("flush", pe);
+  s.flush_pending_signals();
+  s.load_store->flush_all();
+  if (s.mpi) s.mpi->flush(pe);
+}
+
+std::uint64_t Context::atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe) {
+  const std::size_t off = state_->prepare_atomic("atomic_fetch_add", dest, pe);
+  return state_->atomics->fetch_atomic(detail::AtomicOp::fetch_add, off, value, 0, pe);
+}
+
+void Context::atomic_add(std::uint64_t* dest, std::uint64_t value, int pe) {
+  const std::size_t off = state_->prepare_atomic("atomic_add", dest, pe);
+  state_->atomics->post_atomic(detail::AtomicOp::add, off, value, pe);
+}
+
+std::uint64_t Context::atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe) {
+  const std::size_t off = state_->prepare_atomic("atomic_compare_swap", dest, pe);
+  return state_->atomics->fetch_atomic(detail::AtomicOp::compare_swap, off, desired, expected, pe);
+}
+
+std::uint64_t Context::atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe) {
+  const std::size_t off = state_->prepare_atomic("atomic_swap", dest, pe);
+  return state_->atomics->fetch_atomic(detail::AtomicOp::swap, off, value, 0, pe);
+}
+
+std::uint64_t Context::atomic_fetch(const std::uint64_t* dest, int pe) {
+  const std::size_t off = state_->prepare_atomic("atomic_fetch", dest, pe);
+  return state_->atomics->fetch_atomic(detail::AtomicOp::fetch, off, 0, 0, pe);
+}
+
+void Context::atomic_set(std::uint64_t* dest, std::uint64_t value, int pe) {
+  const std::size_t off = state_->prepare_atomic("atomic_set", dest, pe);
+  state_->atomics->post_atomic(detail::AtomicOp::set, off, value, pe);
+}
+
+}  // namespace ubep

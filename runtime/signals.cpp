@@ -1,0 +1,282 @@
+// Signals: put_signal, signal_op and the waits. See DESIGN.md "Operations and their completion".
+#include <algorithm>
+#include <atomic>
+#include <sstream>
+
+#include "runtime/mpi_check.hpp"
+#include "runtime/poll.hpp"
+#include "runtime/state.hpp"
+
+namespace ubep {
+
+using detail::State;
+
+const char* to_string(SignalOp op) noexcept { return op == SignalOp::set ? "set" : "add"; }
+
+const char* to_string(Cmp cmp) noexcept {
+  switch (cmp) {
+    case Cmp::eq: return "==";
+    case Cmp::ne: return "!=";
+    case Cmp::gt: return ">";
+    case Cmp::ge: return ">=";
+    case Cmp::lt: return "<";
+    case Cmp::le: return "<=";
+  }
+  return "?";
+}
+
+namespace detail {
+namespace {
+AtomicOp atomic_of(SignalOp op) { return op == SignalOp::set ? AtomicOp::set : AtomicOp::add; }
+
+std::uint64_t load(const std::uint64_t* sig) {
+  return std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(sig)).load(std::memory_order_acquire);
+}
+}  // namespace
+
+void State::flush_pending_signals() {
+  if (pending_signals.empty()) return;
+  // One flush per peer with data in flight makes every put remotely complete; then the signals go out
+  // without further flushes (accumulates from one origin are ordered by MPI's default
+  // accumulate_ordering, so earlier signals need no flush).
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before MPI signals (mixed routes)
+  mpi->flush_data();
+  for (const PendingSignal& p : pending_signals) atomics->post_atomic(atomic_of(p.op), p.offset, p.value, p.pe);
+  pending_signals.clear();
+}
+
+void State::progress() {
+  flush_pending_signals();
+  if (mpi) mpi->progress(comm);
+}
+
+void State::quiet() {
+  flush_pending_signals();
+  load_store->flush_all();
+  if (mpi) mpi->flush_all();
+}
+
+namespace {
+
+/// The condition of signal i: one value for all, or one per signal.
+struct Targets {
+  std::uint64_t one = 0;
+  std::span<const std::uint64_t> per;
+  std::uint64_t at(std::size_t i) const { return per.empty() ? one : per[i]; }
+};
+
+enum class Mode { all, any, some };
+
+void check_signals(const State& s, const char* call, std::span<const std::uint64_t> sigs, const Targets& t,
+                   const WaitOptions& opts) {
+  s.check_alive(call);
+  if (!t.per.empty() && t.per.size() != sigs.size()) {
+    s.fail(Errc::invalid_argument, call,
+           std::to_string(t.per.size()) + " values given for " + std::to_string(sigs.size()) + " signals");
+  }
+  if (!opts.writers.empty() && opts.writers.size() != 1 && opts.writers.size() != sigs.size()) {
+    s.fail(Errc::invalid_argument, call,
+           std::to_string(opts.writers.size()) + " writers given for " + std::to_string(sigs.size()) + " signals");
+  }
+  if (!sigs.empty()) s.check_range(call, sigs.data(), sigs.size_bytes());
+  if (reinterpret_cast<std::uintptr_t>(sigs.data()) % 8 != 0) s.check_word(call, sigs.data());
+}
+
+[[noreturn]] void timeout_report(const State& s, const char* call, std::span<const std::uint64_t> sigs, Cmp cmp,
+                                 const Targets& t, const WaitOptions& opts, double seconds, Mode mode) {
+  std::ostringstream msg;
+  msg << "timeout after " << seconds << " s (UBEP_WAIT_TIMEOUT or WaitOptions::timeout)";
+  if (opts.what) msg << " waiting for " << opts.what;
+  msg << "; condition: " << (mode == Mode::all ? "all of" : "any of") << " " << sigs.size() << " signal(s) ";
+  std::size_t shown = 0, unsatisfied = 0;
+  std::vector<int> missing;
+  for (std::size_t i = 0; i < sigs.size(); ++i) {
+    const std::uint64_t v = load(&sigs[i]);
+    if (compare(v, cmp, t.at(i))) continue;
+    ++unsatisfied;
+    int writer = -1;
+    if (opts.writers.size() == 1) writer = opts.writers[0];
+    if (opts.writers.size() == sigs.size()) writer = opts.writers[i];
+    if (writer >= 0 && std::find(missing.begin(), missing.end(), writer) == missing.end()) missing.push_back(writer);
+    if (shown++ < 16) {
+      msg << "\n  signal[" << i << "] (rank " << s.rank << ", heap offset "
+          << (reinterpret_cast<const char*>(&sigs[i]) - s.base) << ") = " << v << ", waiting for " << to_string(cmp)
+          << " " << t.at(i);
+      if (writer >= 0) msg << ", expected writer: rank " << writer;
+    }
+  }
+  if (shown > 16) msg << "\n  ... and " << (shown - 16) << " more";
+  msg << "\n  " << unsatisfied << " of " << sigs.size() << " unsatisfied";
+  if (!missing.empty()) {
+    msg << "; peers that have not written: rank";
+    for (int w : missing) msg << " " << w;
+  } else if (opts.writers.empty()) {
+    msg << "; writers unknown (pass WaitOptions::writers to name them)";
+  }
+  s.fail(Errc::timeout, call, msg.str());
+}
+
+std::vector<std::size_t> satisfied(std::span<const std::uint64_t> sigs, Cmp cmp, const Targets& t) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < sigs.size(); ++i) {
+    if (compare(load(&sigs[i]), cmp, t.at(i))) out.push_back(i);
+  }
+  return out;
+}
+
+/// The one polling loop behind every wait. Returns the satisfied indices (all of them for Mode::all).
+std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const std::uint64_t> sigs, Cmp cmp,
+                                   const Targets& t, const WaitOptions& opts, Mode mode) {
+  check_signals(s, call, sigs, t, opts);
+  const auto ready = [&](std::vector<std::size_t>& out) {
+    out = satisfied(sigs, cmp, t);
+    return mode == Mode::all ? out.size() == sigs.size() : !out.empty();
+  };
+  std::vector<std::size_t> out;
+  if (sigs.empty()) {
+    if (mode == Mode::all) return out;
+    s.fail(Errc::invalid_argument, call, "waiting for any of an empty set of signals would never return");
+  }
+  if (ready(out)) return out;
+  s.flush_pending_signals();  // our own deferred signals may be what a peer waits for before answering
+  const double timeout = (opts.timeout ? *opts.timeout : s.options.wait_timeout).count();
+  const auto start = std::chrono::steady_clock::now();
+  Backoff backoff(s.options.poll);
+  for (;;) {
+    if (ready(out)) {
+      if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
+      return out;
+    }
+    if (backoff.pause() && s.mpi) s.mpi->progress(s.comm);
+    if (timeout > 0 && (backoff.polls() & 15) == 0) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout) timeout_report(s, call, sigs, cmp, t, opts, waited, mode);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+using detail::Mode;
+using detail::Targets;
+
+void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
+                         SignalOp op, int pe) {
+  State& s = *state_;
+  s.check_alive("put_signal");
+  s.check_pe("put_signal", pe);
+  const std::size_t off = bytes ? s.check_range("put_signal", dest, bytes) : 0;
+  const std::size_t soff = s.check_word("put_signal", sig);
+  detail::Transport& data = s.data_route(pe);
+  if (bytes) data.put_nbi(off, src, bytes, pe);
+  if (&data != s.atomics) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
+  s.flush_pending_signals();  // keep signals to one word in program order
+  // post_atomic flushes the peer first when data is in flight, which also completes the put locally.
+  s.atomics->post_atomic(detail::atomic_of(op), soff, value, pe);
+}
+
+void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
+                             SignalOp op, int pe) {
+  State& s = *state_;
+  s.check_alive("put_signal_nbi");
+  s.check_pe("put_signal_nbi", pe);
+  const std::size_t off = bytes ? s.check_range("put_signal_nbi", dest, bytes) : 0;
+  const std::size_t soff = s.check_word("put_signal_nbi", sig);
+  if (bytes) s.data_route(pe).put_nbi(off, src, bytes, pe);
+  if (s.atomics == s.load_store.get()) {
+    s.atomics->post_atomic(detail::atomic_of(op), soff, value, pe);
+  } else {
+    s.pending_signals.push_back({soff, value, op, pe});
+  }
+}
+
+void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe) {
+  State& s = *state_;
+  s.check_alive("signal_op");
+  s.check_pe("signal_op", pe);
+  const std::size_t soff = s.check_word("signal_op", sig);
+  if (s.atomics == s.load_store.get()) {
+    s.atomics->post_atomic(detail::atomic_of(op), soff, value, pe);
+  } else {
+    s.pending_signals.push_back({soff, value, op, pe});
+  }
+}
+
+std::uint64_t Context::signal_fetch(const std::uint64_t* sig) const {
+  state_->check_alive("signal_fetch");
+  state_->check_word("signal_fetch", sig);
+  return detail::load(sig);
+}
+
+std::uint64_t Context::wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64_t value, const WaitOptions& opts) {
+  std::span<const std::uint64_t> one(sig, 1);
+  state_->check_alive("wait_until");
+  state_->check_word("wait_until", sig);
+  detail::wait_impl(*state_, "wait_until", one, cmp, Targets{value, {}}, opts, Mode::all);
+  return detail::load(sig);
+}
+
+void Context::wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
+                             const WaitOptions& opts) {
+  detail::wait_impl(*state_, "wait_until_all", sigs, cmp, Targets{value, {}}, opts, Mode::all);
+}
+
+void Context::wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
+                             const WaitOptions& opts) {
+  detail::wait_impl(*state_, "wait_until_all", sigs, cmp, Targets{0, values}, opts, Mode::all);
+}
+
+std::size_t Context::wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
+                                    const WaitOptions& opts) {
+  return detail::wait_impl(*state_, "wait_until_any", sigs, cmp, Targets{value, {}}, opts, Mode::any).front();
+}
+
+std::size_t Context::wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
+                                    const WaitOptions& opts) {
+  return detail::wait_impl(*state_, "wait_until_any", sigs, cmp, Targets{0, values}, opts, Mode::any).front();
+}
+
+std::vector<std::size_t> Context::wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
+                                                  const WaitOptions& opts) {
+  return detail::wait_impl(*state_, "wait_until_some", sigs, cmp, Targets{value, {}}, opts, Mode::some);
+}
+
+std::vector<std::size_t> Context::wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp,
+                                                  std::span<const std::uint64_t> values, const WaitOptions& opts) {
+  return detail::wait_impl(*state_, "wait_until_some", sigs, cmp, Targets{0, values}, opts, Mode::some);
+}
+
+bool Context::test(const std::uint64_t* sig, Cmp cmp, std::uint64_t value) {
+  state_->check_alive("test");
+  state_->check_word("test", sig);
+  state_->progress();
+  return compare(detail::load(sig), cmp, value);
+}
+
+bool Context::test_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value) {
+  detail::check_signals(*state_, "test_all", sigs, Targets{value, {}}, {});
+  state_->progress();
+  return detail::satisfied(sigs, cmp, Targets{value, {}}).size() == sigs.size();
+}
+
+std::optional<std::size_t> Context::test_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value) {
+  detail::check_signals(*state_, "test_any", sigs, Targets{value, {}}, {});
+  state_->progress();
+  auto s = detail::satisfied(sigs, cmp, Targets{value, {}});
+  if (s.empty()) return std::nullopt;
+  return s.front();
+}
+
+std::vector<std::size_t> Context::test_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value) {
+  detail::check_signals(*state_, "test_some", sigs, Targets{value, {}}, {});
+  state_->progress();
+  return detail::satisfied(sigs, cmp, Targets{value, {}});
+}
+
+void Context::progress() {
+  state_->check_alive("progress");
+  state_->progress();
+}
+
+}  // namespace ubep

@@ -1,0 +1,111 @@
+// The whole state of one Context (private). Context, Symmetric and the moe/ layer reach it through
+// Context::state(); nothing here is installed.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/heap.hpp"
+#include "transports/load_store.hpp"
+#include "transports/mpi_rma.hpp"
+#include "ubep/context.hpp"
+#include "ubep/topology.hpp"
+
+namespace ubep::detail {
+
+/// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
+/// mismatched calls are reported instead of corrupting memory or hanging.
+enum class CollKind : std::int64_t { create = 1, alloc, free, signals, barrier, finalize, moe_setup, user };
+const char* to_string(CollKind kind) noexcept;
+
+class State {
+ public:
+  // ---- identity ----
+  MPI_Comm comm = MPI_COMM_NULL;       // dup of the user's communicator, MPI_ERRORS_RETURN
+  MPI_Comm node_comm = MPI_COMM_NULL;  // ranks on this (real or emulated) node
+  MPI_Comm progress_comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  int node_id = 0;
+  std::vector<int> node_ranks;  // world ranks on this node, in node order
+  bool owns_mpi = false;
+  int thread_level = MPI_THREAD_SINGLE;
+  Options options;
+
+  // ---- memory ----
+  MPI_Win node_win = MPI_WIN_NULL;
+  MPI_Win world_win = MPI_WIN_NULL;
+  char* base = nullptr;
+  std::size_t heap_size = 0;
+  HeapAllocator heap;
+
+  // ---- routes ----
+  std::vector<Route> routes;
+  std::vector<Transport*> transport_of;  // per peer, for data
+  std::unique_ptr<LoadStoreTransport> load_store;
+  std::unique_ptr<MpiRmaTransport> mpi;
+  Transport* atomics = nullptr;  // one transport for every atomic, so that they stay atomic together
+  bool uses_mpi = false;         // some operation goes through MPI: waits must progress it
+
+  // ---- deferred signals of put_signal_nbi / signal_op on the mpi route ----
+  struct PendingSignal {
+    std::size_t offset;
+    std::uint64_t value;
+    SignalOp op;
+    int pe;
+  };
+  std::vector<PendingSignal> pending_signals;
+
+  Topology topology;
+  std::uint64_t collective_seq = 0;
+  bool finalized = false;
+  bool broken = false;  // a collective timed out: the communicator can no longer be trusted
+
+  std::thread progress_thread;
+  std::atomic<bool> progress_stop{false};
+
+  // ---- checks (each throws ubep::Error naming rank, call and value) ----
+  std::string prefix(const char* call) const;
+  [[noreturn]] void fail(Errc code, const char* call, const std::string& what) const;
+  void check_alive(const char* call) const {
+    if (finalized) fail(Errc::finalized, call, "the context was finalized");
+  }
+  void check_pe(const char* call, int pe) const {
+    if (pe < 0 || pe >= size) {
+      fail(Errc::out_of_range, call,
+           "target rank " + std::to_string(pe) + " is out of range [0, " + std::to_string(size) + ")");
+    }
+  }
+  /// Validates a symmetric range [addr, addr + bytes) and returns its heap offset.
+  std::size_t check_range(const char* call, const void* addr, std::size_t bytes) const;
+  std::size_t check_word(const char* call, const void* addr) const;
+  /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
+  std::size_t prepare_atomic(const char* call, const void* addr, int pe);
+  Transport& data_route(int pe) const { return *transport_of[pe]; }
+
+  // ---- progress and completion ----
+  void flush_pending_signals();
+  void progress();
+  void quiet();
+
+  /// Agrees with every rank on (kind, seq, args); throws collective_mismatch (on every rank) when they
+  /// differ, timeout when not every rank joins before the deadline.
+  /// `names` label the arguments in the error message.
+  void collective(const char* call, CollKind kind, std::initializer_list<std::int64_t> args,
+                  std::initializer_list<const char*> names = {});
+  /// Polls `req` to completion with the back-off and the wait timeout.
+  void wait_request(const char* call, MPI_Request& req, const char* what);
+
+  /// Local release of a heap block (no communication).
+  bool release(std::size_t offset) noexcept;
+
+  void teardown() noexcept;  // frees MPI objects; used by finalize() and the destructor
+};
+
+}  // namespace ubep::detail

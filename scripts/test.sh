@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds, and runs the whole test suite:
+#   1. format check (clang-format, the project's .clang-format)
+#   2. the default build (Open MPI): unit, mpi (2/3/4 ranks, default and forced-mpi routes),
+#      install/consumer, bench-smoke, and multinode (emulated nodes; needs root and ip netns)
+#   3. an AddressSanitizer + UndefinedBehaviorSanitizer build in its own tree: unit + mpi tests
+# Environment: UBEP_TEST_SKIP_ASAN=1 skips step 3; UBEP_BUILD_DIR (default build) names the tree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+bash scripts/deps.sh
+
+echo "== format check"
+bash scripts/format.sh --check
+
+build=${UBEP_BUILD_DIR:-build}
+echo "== build ($build)"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=ON >/dev/null
+cmake --build "$build" -j "$JOBS"
+echo "== tests ($build)"
+ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 600
+
+if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
+  echo "== sanitizer build (build-asan)"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DUBEP_SANITIZE=ON -DUBEP_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-asan -j "$JOBS"
+  echo "== tests (build-asan)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 \
+  LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L "unit|mpi" -LE "multinode|install" --timeout 900
+fi
+echo "== all tests passed"

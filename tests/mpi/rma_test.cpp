@@ -1,0 +1,263 @@
+// Put/get/atomics on every route (the CTest registration runs this under the default route and with
+// UBEP_TRANSPORTS=mpi), at 2, 3 and 4 ranks. Mirrors the usual MPI RMA test suites.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "tests/mpi/test_util.hpp"
+#include "ubep/ubep.hpp"
+
+namespace ubep {
+namespace {
+
+using test::expect_error;
+using test::pattern;
+
+Options small_heap() {
+  Options o = Options::from_env();
+  o.heap_size = 32u << 20;
+  return o;
+}
+
+TEST(Rma, RouteTableMatchesTransports) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const bool forced_mpi = ctx.options().transports.size() == 1 && ctx.options().transports[0] == "mpi";
+  for (int pe = 0; pe < ctx.size(); ++pe) {
+    if (forced_mpi) {
+      EXPECT_EQ(ctx.route(pe), Route::mpi) << "pe " << pe;
+    } else if (pe == ctx.rank()) {
+      EXPECT_EQ(ctx.route(pe), Route::self);
+    } else {
+      EXPECT_EQ(ctx.route(pe), Route::shm) << "pe " << pe << " is on this node";
+    }
+  }
+  EXPECT_EQ(ctx.atomics_through_mpi(), forced_mpi);
+  ctx.finalize();
+}
+
+TEST(Rma, PutGetSizesAndUnalignedOffsets) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int me = ctx.rank(), n = ctx.size();
+  const std::size_t max = (4u << 20) + 13;  // >= 4 MiB, odd
+  auto buf = ctx.alloc<std::uint8_t>(max + 64);
+  std::vector<std::size_t> sizes = {0, 1, 3, 7, 8, 63, 64, 65, 1000, 4096, 65537, 1u << 20, max};
+  for (std::size_t off : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{33}}) {
+    for (std::size_t size : sizes) {
+      std::fill(buf.local().begin(), buf.local().end(), std::uint8_t{0xEE});
+      ctx.barrier();
+      std::vector<std::uint8_t> src(size);
+      for (std::size_t i = 0; i < size; ++i) src[i] = pattern(me, i, static_cast<unsigned>(size + off));
+      const int right = (me + 1) % n;
+      ctx.put(buf.data() + off, src.data(), size, right);
+      ctx.quiet();
+      ctx.barrier();
+      const int left = (me + n - 1) % n;
+      bool ok = buf[off > 0 ? off - 1 : max + 63] == 0xEE && buf[off + size] == 0xEE;
+      for (std::size_t i = 0; i < size && ok; ++i)
+        ok = buf[off + i] == pattern(left, i, static_cast<unsigned>(size + off));
+      EXPECT_TRUE(ok) << "put size " << size << " offset " << off;
+      // get it back from the right neighbour: it holds my pattern
+      std::vector<std::uint8_t> back(size, 0);
+      ctx.get(back.data(), buf.data() + off, size, right);
+      EXPECT_EQ(back, src) << "get size " << size << " offset " << off;
+      ctx.barrier();
+    }
+  }
+  buf.free();
+  ctx.finalize();
+}
+
+TEST(Rma, NonBlockingManyOutstandingThenQuiet) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int me = ctx.rank(), n = ctx.size();
+  constexpr std::size_t kCount = 5000;
+  auto slots = ctx.alloc<std::uint64_t>(kCount * n);
+  std::fill(slots.local().begin(), slots.local().end(), 0);
+  ctx.barrier();
+  std::vector<std::uint64_t> values(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) values[i] = (static_cast<std::uint64_t>(me) << 32) | i;
+  for (int pe = 0; pe < n; ++pe) {
+    for (std::size_t i = 0; i < kCount; ++i) ctx.put_nbi(slots.data() + me * kCount + i, &values[i], 8, pe);
+  }
+  ctx.quiet();
+  ctx.barrier();
+  std::size_t bad = 0;
+  for (int src = 0; src < n; ++src) {
+    std::size_t bad_src = 0;
+    for (std::size_t i = 0; i < kCount; ++i)
+      bad_src += slots[src * kCount + i] != ((static_cast<std::uint64_t>(src) << 32) | i);
+    EXPECT_EQ(bad_src, 0u) << "puts from rank " << src << " missing";
+  }
+  // get_nbi: the destination is valid after quiet
+  std::vector<std::uint64_t> got(kCount, 0);
+  const int right = (me + 1) % n;
+  for (std::size_t i = 0; i < kCount; ++i) ctx.get_nbi(&got[i], slots.data() + right * kCount + i, 8, right);
+  ctx.quiet();
+  for (std::size_t i = 0; i < kCount; ++i) bad += got[i] != ((static_cast<std::uint64_t>(right) << 32) | i);
+  EXPECT_EQ(bad, 0u);
+  ctx.finalize();
+}
+
+TEST(Rma, ThirdPartyCompletion) {
+  // A puts to B and quiets, then tells C; C reads B and must see A's data.
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int n = ctx.size(), me = ctx.rank();
+  const int a = 0, b = 1 % n, c = (n > 2) ? 2 : 0;
+  auto data = ctx.alloc<std::uint64_t>(1024);
+  auto flag = ctx.alloc_signals(1);
+  std::fill(data.local().begin(), data.local().end(), 0);
+  ctx.barrier();
+  for (std::uint64_t round = 1; round <= 50; ++round) {
+    if (me == a) {
+      std::vector<std::uint64_t> v(1024, round * 1000 + 7);
+      ctx.put(data.data(), v.data(), v.size() * 8, b);
+      ctx.quiet();
+      ctx.atomic_set(flag.data(), round, c);
+      ctx.quiet();
+    }
+    if (me == c) {
+      ctx.wait_until(flag.data(), Cmp::ge, round);
+      std::vector<std::uint64_t> v(1024, 0);
+      ctx.get(v.data(), data.data(), v.size() * 8, b);
+      EXPECT_EQ(std::count(v.begin(), v.end(), round * 1000 + 7), 1024) << "round " << round;
+    }
+    ctx.barrier();
+  }
+  ctx.finalize();
+}
+
+TEST(Rma, FetchAddContentionIsExact) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  auto counter = ctx.alloc<std::uint64_t>(1);
+  counter[0] = 0;
+  ctx.barrier();
+  constexpr int kIters = 2000;
+  std::vector<std::uint64_t> seen;
+  for (int i = 0; i < kIters; ++i) seen.push_back(ctx.atomic_fetch_add(counter.data(), 1, 0));
+  for (int i = 0; i < kIters; ++i) ctx.atomic_add(counter.data(), 2, 0);
+  ctx.barrier();
+  const std::uint64_t total = ctx.atomic_fetch(counter.data(), 0);
+  EXPECT_EQ(total, static_cast<std::uint64_t>(ctx.size()) * kIters * 3);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end())) << "fetch_add results from one rank must increase";
+  // Every fetched value is unique across ranks: gather them on rank 0.
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(ctx.size()) * kIters);
+  MPI_Allgather(seen.data(), kIters, MPI_UINT64_T, all.data(), kIters, MPI_UINT64_T, MPI_COMM_WORLD);
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "a fetch_add value was returned twice";
+  ctx.finalize();
+}
+
+TEST(Rma, CompareSwapLock) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  auto lock = ctx.alloc<std::uint64_t>(1);
+  auto shared = ctx.alloc<std::uint64_t>(1);
+  lock[0] = 0;
+  shared[0] = 0;
+  ctx.barrier();
+  const std::uint64_t me = static_cast<std::uint64_t>(ctx.rank()) + 1;
+  constexpr int kIters = 200;
+  for (int i = 0; i < kIters; ++i) {
+    while (ctx.atomic_compare_swap(lock.data(), 0, me, 0) != 0) {
+    }
+    // Non-atomic read-modify-write under the lock.
+    std::uint64_t v = 0;
+    ctx.get(&v, shared.data(), 8, 0);
+    ctx.put(shared.data(), &(++v), 8, 0);
+    ctx.quiet();
+    EXPECT_EQ(ctx.atomic_swap(lock.data(), 0, 0), me) << "the lock was held by someone else";
+  }
+  ctx.barrier();
+  if (ctx.rank() == 0) EXPECT_EQ(shared[0], static_cast<std::uint64_t>(ctx.size()) * kIters);
+  ctx.finalize();
+}
+
+TEST(Rma, ZeroSizeAllocationsAndFree) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  auto empty = ctx.alloc<double>(0);
+  EXPECT_EQ(empty.data(), nullptr);
+  EXPECT_EQ(empty.size(), 0u);
+  ctx.put(empty.data(), nullptr, 0, (ctx.rank() + 1) % ctx.size());  // a no-op, still checks the rank
+  auto a = ctx.alloc<int>(10);
+  auto b = ctx.alloc<int>(10);
+  const auto before = ctx.heap_free();
+  a.free();
+  auto c = ctx.alloc<int>(10);  // reuses a's block, same offset everywhere (checked by alloc)
+  EXPECT_NE(c.data(), nullptr);
+  empty.free();
+  c.free();
+  b.free();
+  EXPECT_GE(ctx.heap_free(), before);
+  ctx.finalize();
+}
+
+TEST(Rma, BadInputIsReportedWithRankCallAndValue) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int n = ctx.size();
+  const std::string me = "rank " + std::to_string(ctx.rank());
+  auto buf = ctx.alloc<std::uint64_t>(16);
+  std::uint64_t local = 0;
+  expect_error(Errc::out_of_range, [&] { ctx.put(buf.data(), &local, 8, n); },
+               {me, "put", "target rank " + std::to_string(n)});
+  expect_error(Errc::out_of_range, [&] { ctx.get(&local, buf.data(), 8, -1); }, {me, "get", "-1"});
+  expect_error(Errc::out_of_range, [&] { ctx.put(buf.data() + 15, &local, 16, 0); },
+               {"put", "runs past the end of its object"});
+  expect_error(Errc::not_symmetric, [&] { ctx.put(&local, &local, 8, 0); }, {"put", "not in the symmetric heap"});
+  expect_error(Errc::out_of_range, [&] { ctx.put_nbi(buf.data(), &local, std::size_t{1} << 62, 0); },
+               {"put_nbi", "symmetric heap"});
+  auto* misaligned = reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(buf.data()) + 4);
+  expect_error(Errc::misaligned, [&] { ctx.atomic_fetch_add(misaligned, 1, 0); },
+               {me, "atomic_fetch_add", "8-byte aligned"});
+  expect_error(Errc::misaligned, [&] { ctx.wait_until(misaligned, Cmp::eq, 0); }, {"wait_until", "aligned"});
+  expect_error(Errc::overflow, [&] { (void)ctx.alloc<std::uint64_t>(std::size_t{1} << 62); }, {"alloc", "overflow"});
+  try {
+    (void)ctx.alloc<char>(std::size_t{1} << 30);
+    ADD_FAILURE() << "a 1 GiB allocation in a 32 MiB heap succeeded";
+  } catch (const OutOfHeap& e) {
+    EXPECT_NE(std::string(e.what()).find("UBEP_HEAP_SIZE"), std::string::npos) << e.what();
+  }
+  // Nothing was lost: the heap still works after every error above.
+  auto after = ctx.alloc<std::uint64_t>(4);
+  ctx.put(after.data(), &local, 8, (ctx.rank() + 1) % n);
+  ctx.quiet();
+  buf.free();
+  after.free();
+  ctx.finalize();
+  expect_error(Errc::finalized, [&] { ctx.put(nullptr, &local, 8, 0); }, {"put", "finalized"});
+  expect_error(Errc::finalized, [&] { ctx.quiet(); }, {"quiet"});
+  expect_error(Errc::finalized, [&] { (void)ctx.alloc<int>(1); }, {"alloc"});
+}
+
+TEST(Rma, MismatchedCollectivesAreDetected) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  // Different sizes on different ranks.
+  expect_error(Errc::collective_mismatch,
+               [&] { (void)ctx.alloc<char>(64 + 64 * static_cast<std::size_t>(ctx.rank())); },
+               {"alloc", "bytes ranges over"});
+  // Different collectives at the same point.
+  expect_error(Errc::collective_mismatch,
+               [&] {
+                 if (ctx.rank() == 0) {
+                   ctx.barrier();
+                 } else {
+                   (void)ctx.alloc<char>(64);
+                 }
+               },
+               {"collective mismatch"});
+  // The heap lost nothing: a matching allocation works and gets the same offset everywhere.
+  auto ok = ctx.alloc<char>(128);
+  EXPECT_NE(ok.data(), nullptr);
+  ok.free();
+  ctx.finalize();
+}
+
+TEST(Rma, MismatchedHeapSizeIsDetected) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Options o = small_heap();
+  o.heap_size = (16u << 20) + (static_cast<std::size_t>(rank) << 20);
+  expect_error(Errc::collective_mismatch, [&] { Context ctx(MPI_COMM_WORLD, o); }, {"Context()", "UBEP_HEAP_SIZE"});
+}
+
+}  // namespace
+}  // namespace ubep
