@@ -2,7 +2,7 @@
 /// What every OSU-style ubep benchmark shares: the command line, MPI and Context set-up, timing in
 /// batches with a median, the correctness checks, and the output (OSU text table, CSV, JSON).
 ///
-/// A benchmark is a function `int body(Bench&)` handed to run_benchmark(), which initializes MPI,
+/// A benchmark is a function `void body(Bench&)` handed to run_benchmark(), which initializes MPI,
 /// parses the flags, creates the ubep::Context, prints the header from rank 0, and turns every
 /// failure into a non-zero exit code: a wrong payload (CheckFailed, on every rank) ends the job
 /// cleanly with exit code 1; any other exception on one rank aborts the job, because its peer may be

@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
   Spec spec{"ubep_put_bw", "ubep put_nbi x64 + quiet() bandwidth vs 64 MPI_Put + MPI_Win_flush (OSU osu_put_bw)"};
   // One iteration moves 64 x Size bytes: fewer iterations than the latency tests keep the default run short.
   spec.default_iterations = 500;
-  spec.default_iterations_large = 50;
+  spec.default_iterations_large = 20;  // as OSU osu_put_bw
   spec.default_warmup = 50;
-  spec.default_warmup_large = 5;
+  spec.default_warmup_large = 2;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
     ubep::Context& ctx = b.ctx();
     const Settings& s = b.settings();

@@ -356,6 +356,12 @@ void Context::barrier() {
   state_->collective("barrier", detail::CollKind::barrier, {});
 }
 
+void Context::agree(const char* what, std::initializer_list<std::int64_t> values,
+                    std::initializer_list<const char*> names) {
+  state_->check_alive(what);
+  state_->collective(what, detail::CollKind::user, values, names);
+}
+
 std::size_t Context::heap_free() const { return state_->heap.largest_free(); }
 
 void Context::put(void* dest, const void* src, std::size_t bytes, int pe) {

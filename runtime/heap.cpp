@@ -27,6 +27,7 @@ std::optional<std::size_t> HeapAllocator::allocate(std::size_t bytes, std::size_
 bool HeapAllocator::release(std::size_t offset) {
   auto it = live_.find(offset);
   if (it == live_.end()) return false;
+  last_ = Block{0, 0};
   std::size_t start = it->first, size = it->second;
   live_bytes_ -= size;
   live_.erase(it);
@@ -47,11 +48,13 @@ bool HeapAllocator::release(std::size_t offset) {
 }
 
 std::optional<HeapAllocator::Block> HeapAllocator::find(std::size_t offset) const {
+  if (offset - last_.offset < last_.size) return last_;
   auto it = live_.upper_bound(offset);
   if (it == live_.begin()) return std::nullopt;
   --it;
   if (offset >= it->first + it->second) return std::nullopt;
-  return Block{it->first, it->second};
+  last_ = Block{it->first, it->second};
+  return last_;
 }
 
 std::size_t HeapAllocator::largest_free() const {

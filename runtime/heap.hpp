@@ -34,6 +34,7 @@ class HeapAllocator {
   std::map<std::size_t, std::size_t> free_;  // offset -> size, coalesced
   std::map<std::size_t, std::size_t> live_;  // offset -> size
   std::size_t live_bytes_ = 0;
+  mutable Block last_{0, 0};  // the block find() returned last: most calls hit the same object again
 };
 
 }  // namespace ubep::detail

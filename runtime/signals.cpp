@@ -213,6 +213,7 @@ std::uint64_t Context::wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64
   std::span<const std::uint64_t> one(sig, 1);
   state_->check_alive("wait_until");
   state_->check_word("wait_until", sig);
+  if (const std::uint64_t v = detail::load(sig); compare(v, cmp, value)) return v;  // no allocation, no clock
   detail::wait_impl(*state_, "wait_until", one, cmp, Targets{value, {}}, opts, Mode::all);
   return detail::load(sig);
 }

@@ -98,6 +98,8 @@ std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std
 void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   // Release semantics: data still in flight to pe must land before the accumulate does.
   if (data_dirty_[pe]) flush(pe);
+  // Operands live until a flush; a stream of signals with no data in between must not grow them forever.
+  if (operands_.size() >= 4096) flush_all();
   before_op(pe);
   operands_.push_back(operand);
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;

@@ -168,6 +168,10 @@ class Context {
   [[nodiscard]] Symmetric<std::uint64_t> alloc_signals(std::size_t count, std::uint64_t initial = 0);
   /// Collective barrier with a timeout; for setup code only, never used by ubep's data path.
   void barrier();
+  /// Collective: every rank passes the same `values` (at most 6) or every rank throws
+  /// Errc::collective_mismatch naming `what`, the value names and their range across ranks. For layers
+  /// built on ubep (the MoE setup) to check that all ranks were configured alike.
+  void agree(const char* what, std::initializer_list<std::int64_t> values, std::initializer_list<const char*> names);
   /// Bytes of symmetric heap still free (the largest block).
   std::size_t heap_free() const;
 

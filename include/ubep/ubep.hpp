@@ -5,5 +5,6 @@
 #include "ubep/config.hpp"
 #include "ubep/context.hpp"
 #include "ubep/error.hpp"
+#include "ubep/moe.hpp"
 #include "ubep/options.hpp"
 #include "ubep/topology.hpp"

@@ -15,7 +15,7 @@ while (($#)); do
     --prefix) MODE=prefix; PREFIX=${2:?}; shift 2 ;;
     --quiet) QUIET=1; shift ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cleanup.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

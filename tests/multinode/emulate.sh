@@ -146,17 +146,6 @@ for v in UBEP_EMULATED_NODES UCX_TLS UCX_NET_DEVICES; do
 done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-host_list=${HOSTS[0]}
-((NODES > 1)) && host_list="${PREFIX}n[0-$((NODES - 1))]"
-shape=
-[[ -n $DELAY ]] && shape+=" delay=$DELAY"
-[[ -n $RATE ]] && shape+=" rate=$RATE"
-((SWITCHES > 1)) && shape+=" switches=$SWITCHES"
-[[ -n $SPINE_DELAY ]] && shape+=" spine-delay=$SPINE_DELAY"
-[[ -n $SPINE_RATE ]] && shape+=" spine-rate=$SPINE_RATE"
-echo "# emulated nodes: N=$NODES ranks/node=$RPN mpi=$MPI hosts=$host_list net=$NET.0/24" \
-     "namespaces=$PREFIX-n[0-$((NODES - 1))]$shape (network namespaces, TCP over veth)" >&2
-
 # ------------------------------------------------------------------------------------------- launch cmd
 TMP=
 build_cmd() {
@@ -193,6 +182,17 @@ ip netns list >/dev/null 2>&1 || cannot "'ip netns' does not work"
 if [[ -n $DELAY$RATE$SPINE_DELAY$SPINE_RATE ]]; then
   command -v tc >/dev/null || cannot "link shaping needs 'tc' (apt-get install -y iproute2)"
 fi
+
+host_list=${HOSTS[0]}
+((NODES > 1)) && host_list="${PREFIX}n[0-$((NODES - 1))]"
+shape=
+[[ -n $DELAY ]] && shape+=" delay=$DELAY"
+[[ -n $RATE ]] && shape+=" rate=$RATE"
+((SWITCHES > 1)) && shape+=" switches=$SWITCHES"
+[[ -n $SPINE_DELAY ]] && shape+=" spine-delay=$SPINE_DELAY"
+[[ -n $SPINE_RATE ]] && shape+=" spine-rate=$SPINE_RATE"
+echo "# emulated nodes: N=$NODES ranks/node=$RPN mpi=$MPI hosts=$host_list net=$NET.0/24" \
+     "namespaces=$PREFIX-n[0-$((NODES - 1))]$shape (network namespaces, TCP over veth)" >&2
 
 # ----------------------------------------------------------------------------------- cleanup machinery
 CREATED_NS=() JOB= WATCHDOG= CLEANED=0 TIMED_OUT=0 GOT_SIGNAL=

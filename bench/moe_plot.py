@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Plots, or checks, the JSON output of ubep_moe_bench (the MoE dispatch/combine benchmark).
+
+Plot: dispatch+combine latency against tokens per rank, one line per implementation (ubep once per
+schedule), one panel per routing (uniform, skewed), and below each the ratio ubep/bsp.
+  mpirun -np 4 ./build/bench/ubep_moe_bench --tokens 32,64,128,256,512,1024,2048 --json moe.json
+  /usr/bin/python3 bench/moe_plot.py moe.json -o moe.png [--metric layer] [--compute 0]
+"dispatch+combine latency" is layer_us of the cases without expert compute (the whole call, end to end);
+--metric dispatch/combine/layer/sum picks another column, --compute another compute cost. Needs
+matplotlib (Debian: python3-matplotlib; call /usr/bin/python3 if a pyenv python3 comes first).
+
+Check (the bench-smoke tests; needs no matplotlib):
+  moe_plot.py --check [--ranks 4] [--schedules linear,shifted,topology] [--routes mpi] [--nodes 2]
+              -- mpirun -np 4 ./ubep_moe_bench --quick ...
+runs the command with `--json FILE` appended and fails (exit 1) unless it exits 0, prints the header, one
+row per record plus the ubep/bsp ratio rows and the summary, and the JSON has, for every combination of
+tokens x routing x compute, exactly one bsp record and one ubep record per schedule, with positive finite
+latencies and buffer sizes; --routes/--nodes compare the routes used and the node count. It then draws
+the plot into a temporary file when matplotlib is available.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+FIELDS = ("impl", "schedule", "routing", "tokens", "hidden", "topk", "experts", "ranks", "dtype",
+          "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes")
+METRICS = {
+    "layer": ("layer_us", "dispatch + combine latency (us)"),
+    "dispatch": ("dispatch_us", "dispatch (us)"),
+    "combine": ("combine_us", "combine (us)"),
+    "sum": (None, "dispatch_us + combine_us (us)"),
+}
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    if doc.get("benchmark") != "ubep_moe_bench" or "results" not in doc:
+        sys.exit(f"moe_plot.py: {path} is not the JSON of ubep_moe_bench")
+    return doc
+
+
+def value(rec, metric):
+    key = METRICS[metric][0]
+    return rec["dispatch_us"] + rec["combine_us"] if key is None else rec[key]
+
+
+def label(rec):
+    return "bsp (MPI_Alltoallv)" if rec["impl"] == "bsp" else f"ubep ({rec['schedule']})"
+
+
+def plot(doc, output, metric, compute, title):
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    results = doc["results"]
+    computes = sorted({r["compute_us_per_token"] for r in results})
+    if compute is None:
+        compute = computes[0]
+    results = [r for r in results if r["compute_us_per_token"] == compute]
+    if not results:
+        sys.exit(f"moe_plot.py: no records with compute_us_per_token = {compute} (have {computes})")
+    routings = [r for r in ("uniform", "skewed") if any(x["routing"] == r for x in results)]
+    routings += sorted({x["routing"] for x in results} - set(routings))
+    fig, axes = plt.subplots(2, len(routings), figsize=(6.5 * len(routings), 7.5), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.3]}, sharex="col")
+    ylabel = METRICS[metric][1]
+    if metric == "layer" and compute > 0:
+        ylabel = f"layer time incl. {compute:g} us/token compute (us)"
+    for col, routing in enumerate(routings):
+        ax, rax = axes[0][col], axes[1][col]
+        recs = [r for r in results if r["routing"] == routing]
+        lines = sorted({label(r) for r in recs}, key=lambda s: (not s.startswith("bsp"), s))
+        bsp = {r["tokens"]: value(r, metric) for r in recs if r["impl"] == "bsp"}
+        for name in lines:
+            pts = sorted((r["tokens"], value(r, metric)) for r in recs if label(r) == name)
+            style = {"linestyle": "--", "color": "black"} if name.startswith("bsp") else {}
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, **style)
+            if not name.startswith("bsp"):
+                ratio = [(t, v / bsp[t]) for t, v in pts if t in bsp and bsp[t] > 0]
+                rax.plot([p[0] for p in ratio], [p[1] for p in ratio], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{routing} routing")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        rax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        rax.set_xscale("log", base=2)
+        rax.set_xlabel("tokens per rank")
+        rax.set_ylabel("ubep / bsp")
+        rax.grid(True, which="both", alpha=0.3)
+        ticks = sorted({r["tokens"] for r in recs})
+        rax.set_xticks(ticks)
+        rax.set_xticklabels([str(t) for t in ticks])
+    r0 = results[0]
+    fig.suptitle(title or (f"ubep MoE dispatch/combine: {doc.get('ranks')} ranks, {doc.get('nodes', '?')} node(s), "
+                           f"hidden {r0['hidden']} {r0['dtype']}, top-{r0['topk']} of {r0['experts']} experts "
+                           f"(median of max over ranks)"), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+
+
+def fail(msg):
+    print(f"moe_plot.py --check: FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(args, command):
+    if not command:
+        fail("no command given after --")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "moe.json")
+        proc = subprocess.run(command + ["--json", path], stdout=subprocess.PIPE, text=True)
+        sys.stdout.write(proc.stdout)
+        if proc.returncode != 0:
+            fail(f"the benchmark exited with status {proc.returncode}")
+        if not os.path.exists(path):
+            fail("the benchmark wrote no JSON")
+        doc = load(path)
+        check_doc(doc, args)
+        check_text(proc.stdout, doc)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("moe_plot.py --check: matplotlib not available, plot not tried")
+        else:
+            png = os.path.join(tmp, "moe.png")
+            plot(doc, png, "layer", None, None)
+            if os.path.getsize(png) == 0:
+                fail("the plot is empty")
+    print(f"moe_plot.py --check: OK ({len(doc['results'])} records)")
+
+
+def check_doc(doc, args):
+    for key in ("ubep_version", "mpi_library", "ranks", "nodes", "routes", "settings", "results", "summary"):
+        if key not in doc:
+            fail(f"JSON lacks '{key}'")
+    if args.ranks is not None and doc["ranks"] != args.ranks:
+        fail(f"expected {args.ranks} ranks, JSON says {doc['ranks']}")
+    if args.nodes is not None and doc["nodes"] != args.nodes:
+        fail(f"expected {args.nodes} nodes, JSON says {doc['nodes']}")
+    if args.routes is not None and sorted(doc["routes"]) != sorted(args.routes.split(",")):
+        fail(f"expected routes {args.routes}, JSON says {doc['routes']}")
+    results = doc["results"]
+    if not results:
+        fail("no results")
+    for rec in results:
+        for field in FIELDS:
+            if field not in rec:
+                fail(f"record {rec} lacks '{field}'")
+        for field in ("dispatch_us", "combine_us", "layer_us"):
+            v = rec[field]
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                fail(f"{field} = {v!r} in {rec}, expected a positive number")
+        if not rec["buffer_bytes"] > 0:
+            fail(f"buffer_bytes = {rec['buffer_bytes']!r} in {rec}")
+        if rec["ranks"] != doc["ranks"]:
+            fail(f"record says {rec['ranks']} ranks, the header {doc['ranks']}")
+        if rec["impl"] not in ("ubep", "bsp"):
+            fail(f"unknown impl {rec['impl']!r}")
+    keys = lambda r: (r["tokens"], r["routing"], r["compute_us_per_token"])  # noqa: E731
+    cases = sorted({keys(r) for r in results})
+    tokens = {c[0] for c in cases}
+    routings = {c[1] for c in cases}
+    computes = {c[2] for c in cases}
+    if len(cases) != len(tokens) * len(routings) * len(computes):
+        fail(f"cases {cases} are not every combination of tokens x routing x compute")
+    schedules = args.schedules.split(",") if args.schedules else None
+    for case in cases:
+        recs = [r for r in results if keys(r) == case]
+        bsp = [r for r in recs if r["impl"] == "bsp"]
+        ubep = [r for r in recs if r["impl"] == "ubep"]
+        if len(bsp) != 1:
+            fail(f"case {case}: {len(bsp)} bsp records, expected 1")
+        have = sorted(r["schedule"] for r in ubep)
+        if schedules is not None and have != sorted(schedules):
+            fail(f"case {case}: ubep schedules {have}, expected {sorted(schedules)}")
+        if not ubep or len(set(have)) != len(have):
+            fail(f"case {case}: ubep schedules {have}")
+
+
+def check_text(text, doc):
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("# ubep MoE dispatch/combine benchmark"):
+        fail("the output does not start with the benchmark's header line")
+    if not any(line.startswith("# tokens") and "dispatch_us" in line for line in lines):
+        fail("no column line ('# tokens ... dispatch_us ...')")
+    if not any(line.startswith("# UBEP paper:") for line in lines) or not any(
+            line.startswith("# here:") for line in lines):
+        fail("no summary next to the paper's figures")
+    rows = [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    data = [r for r in rows if r[7] in ("ubep", "bsp")]
+    ratios = [r for r in rows if r[7] == "ubep/bsp"]
+    if len(rows) != len(data) + len(ratios) or any(len(r) != 13 for r in rows):
+        fail("table rows of an unexpected shape")
+    if len(data) != len(doc["results"]):
+        fail(f"{len(data)} table rows, {len(doc['results'])} JSON records")
+    if len(ratios) != sum(1 for r in doc["results"] if r["impl"] == "ubep"):
+        fail("not one ubep/bsp ratio row per ubep record")
+
+
+def main():
+    argv = sys.argv[1:]
+    command = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("json", nargs="?", help="JSON written by ubep_moe_bench --json FILE")
+    p.add_argument("-o", "--output", help="PNG to write (default: the JSON file with .png)")
+    p.add_argument("--metric", choices=sorted(METRICS), default="layer",
+                   help="value plotted (default layer: the whole call, i.e. dispatch+combine without compute)")
+    p.add_argument("--compute", type=float, help="compute_us_per_token of the cases plotted (default: the smallest)")
+    p.add_argument("--title", help="plot title")
+    p.add_argument("--check", action="store_true", help="run the command after -- and check its output")
+    p.add_argument("--ranks", type=int, help="--check: expected number of ranks")
+    p.add_argument("--nodes", type=int, help="--check: expected number of nodes")
+    p.add_argument("--routes", help="--check: expected routes used, e.g. mpi or self,shm")
+    p.add_argument("--schedules", help="--check: expected ubep schedules, e.g. linear,shifted,topology")
+    args = p.parse_args(argv)
+    if args.check:
+        check(args, command)
+        return
+    if not args.json:
+        p.error("a JSON file is needed (or --check -- COMMAND)")
+    output = args.output or os.path.splitext(args.json)[0] + ".png"
+    plot(load(args.json), output, args.metric, args.compute, args.title)
+    print(f"moe_plot.py: wrote {output}")
+
+
+if __name__ == "__main__":
+    main()

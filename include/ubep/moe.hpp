@@ -1,0 +1,196 @@
+/// \file moe.hpp
+/// MoE dispatch/combine: the All-to-All of expert parallelism, in two implementations with one
+/// interface: ubep::moe::Layer (one-sided puts + epoch-tagged signals, no collective, no barrier, peers in
+/// topology-schedule order) and ubep::moe::BspLayer (the plain-MPI baseline: MPI_Alltoall of counts,
+/// MPI_Alltoallv of tokens, all experts compute, MPI_Alltoallv back). Both give bit-identical results.
+///
+/// One call, on every rank:
+///   auto h = layer.dispatch(tokens, topk_idx, topk_weights);     // or dispatch_send + dispatch_recv
+///   while (auto e = layer.next_expert(h)) {                       // experts in the order they complete
+///     auto batch = layer.expert_tokens(h, *e);                    // contiguous [count x hidden]
+///     compute(batch, outputs);                                    // your expert
+///     layer.combine_send(h, *e, outputs);                         // goes back at once
+///   }
+///   layer.combine_recv(h, out);                                   // weighted sum, original token order
+/// Host memory. Not thread-safe: one thread drives a layer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ubep/context.hpp"
+
+namespace ubep::moe {
+
+/// Element type of dispatched tokens. Expert outputs (combine) are float32 for f32 and bfloat16 otherwise.
+enum class DType : std::uint8_t {
+  f32,   ///< float
+  bf16,  ///< bfloat16, stored as std::uint16_t
+  e4m3,  ///< 8-bit float (OCP FP8 E4M3) with one float scale per token
+};
+const char* to_string(DType t) noexcept;
+DType parse_dtype(const std::string& name);  // "f32", "bf16", "e4m3"; throws Errc::invalid_argument
+std::size_t element_size(DType t) noexcept;
+/// Element type of expert outputs for a dispatch type.
+DType output_dtype(DType t) noexcept;
+
+/// bfloat16 and FP8 E4M3 conversions (round to nearest even; E4M3 saturates at +-448).
+std::uint16_t float_to_bf16(float f) noexcept;
+float bf16_to_float(std::uint16_t b) noexcept;
+std::uint8_t float_to_e4m3(float f) noexcept;
+float e4m3_to_float(std::uint8_t q) noexcept;
+
+struct Config {
+  int num_experts = 0;          ///< experts in the layer, spread over ranks in contiguous blocks
+  int hidden = 0;               ///< elements per token
+  DType dtype = DType::bf16;    ///< element type of the tokens
+  int topk = 1;                 ///< experts per token (distinct)
+  int max_tokens_per_rank = 0;  ///< the largest n any rank passes to dispatch
+};
+
+/// Which ranks own which experts: the first (E mod P) ranks own one expert more.
+struct ExpertMap {
+  int num_experts = 0, ranks = 0;
+  int owner(int expert) const;
+  int first(int rank) const;
+  int count(int rank) const;
+  int max_local() const { return (num_experts + ranks - 1) / ranks; }
+};
+
+struct HandleState;
+/// One dispatch/combine call in flight. Move-only; valid until combine_recv returns.
+class Handle {
+ public:
+  Handle();
+  Handle(Handle&&) noexcept;
+  Handle& operator=(Handle&&) noexcept;
+  ~Handle();
+  std::uint64_t call() const;  ///< this rank's call number (0, 1, 2, ...)
+  int tokens() const;          ///< n of this call on this rank
+  HandleState& state() const { return *state_; }
+
+ private:
+  friend class LayerBase;
+  std::unique_ptr<HandleState> state_;
+};
+
+/// The received tokens of one local expert.
+struct ExpertTokens {
+  int expert = 0;                   ///< global expert id
+  int local = 0;                    ///< index among this rank's experts
+  int count = 0;                    ///< tokens received for it
+  std::span<const std::byte> data;  ///< [count x hidden] elements of Config::dtype, contiguous
+  std::span<const float> scales;    ///< e4m3 only: one scale per token
+};
+
+/// The common interface and the checks shared by both implementations.
+class LayerBase {
+ public:
+  virtual ~LayerBase();
+  const Config& config() const noexcept { return config_; }
+  const ExpertMap& experts() const noexcept { return map_; }
+  int local_experts() const noexcept { return map_.count(rank_); }
+  /// Bytes of communication buffers this implementation holds on this rank (symmetric + local).
+  virtual std::size_t buffer_bytes() const = 0;
+  virtual const char* name() const noexcept = 0;
+
+  /// Starts a dispatch: checks the input, sends every token to the ranks of its top-k experts and returns
+  /// as soon as everything is issued. tokens: [n x hidden] of dtype; topk_idx, topk_weights: [n x topk];
+  /// scales: [n] for e4m3, empty otherwise. The inputs may be reused when dispatch_send returns.
+  /// Throws Errc::out_of_range (expert id, n), invalid_argument (duplicate expert in one token, sizes).
+  [[nodiscard]] Handle dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
+                                     std::span<const float> topk_weights, std::span<const float> scales = {});
+  /// Waits until every local expert has all its tokens.
+  virtual void dispatch_recv(Handle& h) = 0;
+  /// dispatch_send + dispatch_recv.
+  [[nodiscard]] Handle dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
+                                std::span<const float> topk_weights, std::span<const float> scales = {});
+  /// The next local expert whose tokens are all in (waiting if none is yet), in completion order;
+  /// nullopt once every local expert was returned.
+  virtual std::optional<int> next_expert(Handle& h) = 0;
+  /// The tokens of local expert `local` (it must be complete: from next_expert or after dispatch_recv).
+  ExpertTokens expert_tokens(const Handle& h, int local) const;
+  /// Sends local expert `local`'s outputs back: [count x hidden] of output_dtype(dtype), in the order of
+  /// expert_tokens. Returns when `outputs` may be reused.
+  virtual void combine_send(Handle& h, int local, std::span<const std::byte> outputs) = 0;
+  /// Waits for the outputs of every expert this rank's tokens went to and writes
+  /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, k ascending, original token order.
+  virtual void combine_recv(Handle& h, std::span<float> out) = 0;
+  /// combine_send for every local expert (outputs[i] for local expert i), then combine_recv.
+  void combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out);
+
+ protected:
+  LayerBase(Context& ctx, const Config& config, const char* who);
+  virtual void send(HandleState& h) = 0;  // implementation part of dispatch_send
+  void check_handle(const Handle& h, const char* call) const;
+  /// out[t] = sum_k w[t,k] * combine[coffset(t,k)], the one reduction both implementations use.
+  void reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const;
+  /// Copies the batches of local expert `le` (batch from source s starts at block(s), token stride
+  /// token_bytes_) into one contiguous array; recv_counts must be filled.
+  void regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block);
+  /// Checks a combine_send call (handle, expert index, not yet combined, output size); returns the count.
+  int check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const;
+  /// Marks a handle done and recycles its buffers.
+  void finish(HandleState& h);
+  std::uint64_t finished_ = 0;              // calls whose combine_recv returned
+  std::span<const std::byte> send_tokens_;  // the caller's input, during send() only
+  std::span<const float> send_scales_;
+  std::vector<std::vector<std::byte>> pool_;
+  Context& ctx_;
+  Config config_;
+  ExpertMap map_;
+  int rank_ = 0, size_ = 1;
+  std::uint64_t calls_ = 0;
+  std::size_t token_bytes_ = 0, out_token_bytes_ = 0;
+};
+
+/// ubep's dispatch/combine: one-sided, signal-synchronized, overlapped, topology-scheduled.
+class Layer final : public LayerBase {
+ public:
+  /// Collective. Allocates the receive buffers from ctx's symmetric heap (UBEP_RUN_AHEAD sets of
+  /// [local experts x ranks x max_tokens_per_rank] tokens, plus combine buffers and signals); throws
+  /// OutOfHeap naming UBEP_HEAP_SIZE and the size needed, collective_mismatch when ranks disagree on the
+  /// config. Peers are served in the order of the schedule `UBEP_SCHEDULE` (ctx.options().schedule).
+  Layer(Context& ctx, const Config& config);
+  ~Layer() override;
+  /// Symmetric heap bytes a Layer needs per rank for this config and run-ahead.
+  static std::size_t heap_bytes(const Config& config, int ranks, unsigned run_ahead);
+  std::size_t buffer_bytes() const override;
+  const char* name() const noexcept override { return "ubep"; }
+  void dispatch_recv(Handle& h) override;
+  std::optional<int> next_expert(Handle& h) override;
+  void combine_send(Handle& h, int local, std::span<const std::byte> outputs) override;
+  void combine_recv(Handle& h, std::span<float> out) override;
+  /// The peer order this rank uses.
+  const std::vector<int>& schedule() const noexcept;
+
+ private:
+  void send(HandleState& h) override;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The plain-MPI baseline, as Megatron-style dispatchers do it, on ctx.comm().
+class BspLayer final : public LayerBase {
+ public:
+  BspLayer(Context& ctx, const Config& config);
+  ~BspLayer() override;
+  std::size_t buffer_bytes() const override;
+  const char* name() const noexcept override { return "bsp"; }
+  void dispatch_recv(Handle& h) override;
+  std::optional<int> next_expert(Handle& h) override;
+  void combine_send(Handle& h, int local, std::span<const std::byte> outputs) override;
+  void combine_recv(Handle& h, std::span<float> out) override;
+
+ private:
+  void send(HandleState& h) override;
+  std::size_t peak_bytes_ = 0;
+};
+
+}  // namespace ubep::moe

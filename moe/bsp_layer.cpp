@@ -1,0 +1,154 @@
+// The BSP baseline, as Megatron-style dispatchers do it: MPI_Alltoall of per-(destination, expert)
+// counts, one pass packing tokens by (destination, expert), MPI_Alltoallv of tokens, all experts
+// compute, MPI_Alltoallv of outputs back, weighted sum. Same interface and same reduction as ubep's.
+#include <climits>
+#include <cstring>
+
+#include "moe/handle.hpp"
+#include "ubep/moe.hpp"
+
+namespace ubep::moe {
+namespace {
+void check(int rc, int rank, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(Errc::mpi,
+              "ubep: rank " + std::to_string(rank) + ": moe::BspLayer: " + what + " failed: " + std::string(text, len),
+              rc);
+}
+
+int as_int(std::size_t v, int rank, const char* what) {
+  if (v > static_cast<std::size_t>(INT_MAX)) {
+    throw Error(Errc::overflow, "ubep: rank " + std::to_string(rank) + ": moe::BspLayer: " + what + " of " +
+                                    std::to_string(v) + " bytes exceeds MPI's int count");
+  }
+  return static_cast<int>(v);
+}
+}  // namespace
+
+BspLayer::BspLayer(Context& ctx, const Config& config) : LayerBase(ctx, config, "moe::BspLayer") {}
+BspLayer::~BspLayer() = default;
+std::size_t BspLayer::buffer_bytes() const { return peak_bytes_; }
+
+void BspLayer::send(HandleState& h) {
+  const int P = size_, L = map_.max_local();
+  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+  MPI_Comm comm = ctx_.comm();
+  // Counts: [P x L] ints to every rank.
+  std::vector<int> rc(static_cast<std::size_t>(P) * L);
+  check(MPI_Alltoall(h.send_counts.data(), L, MPI_INT, rc.data(), L, MPI_INT, comm), rank_, "MPI_Alltoall");
+  // Pack by (destination, local expert, j): exactly the order of coffset.
+  const std::size_t total = h.coffset.empty() ? 0 : h.coffset.back() + h.send_counts.back();
+  std::vector<std::byte> sendbuf(total * token_bytes_);
+  std::vector<int> scounts(P), sdispl(P), rcounts(P), rdispl(P);
+  for (int d = 0; d < P; ++d) {
+    std::size_t dest_tokens = 0;
+    for (int le = 0; le < L; ++le) {
+      const std::size_t b = static_cast<std::size_t>(d) * L + le;
+      const auto& toks = h.batch_tokens[b];
+      std::byte* p = sendbuf.data() + h.coffset[b] * token_bytes_;
+      for (std::size_t j = 0; j < toks.size(); ++j) {
+        std::memcpy(p + j * token_bytes_, send_tokens_.data() + toks[j] * payload, payload);
+        if (config_.dtype == DType::e4m3) std::memcpy(p + j * token_bytes_ + payload, &send_scales_[toks[j]], 4);
+      }
+      dest_tokens += toks.size();
+    }
+    scounts[d] = as_int(dest_tokens * token_bytes_, rank_, "send block");
+    sdispl[d] = as_int(h.coffset[static_cast<std::size_t>(d) * L] * token_bytes_, rank_, "send displacement");
+  }
+  h.bsp_rdispl_tokens.assign(P, 0);
+  std::size_t rtotal = 0;
+  for (int s = 0; s < P; ++s) {
+    std::size_t from = 0;
+    for (int le = 0; le < L; ++le) {
+      h.recv_counts[static_cast<std::size_t>(le) * P + s] = rc[static_cast<std::size_t>(s) * L + le];
+      from += rc[static_cast<std::size_t>(s) * L + le];
+    }
+    h.bsp_rdispl_tokens[s] = static_cast<int>(rtotal);
+    rcounts[s] = as_int(from * token_bytes_, rank_, "receive block");
+    rdispl[s] = as_int(rtotal * token_bytes_, rank_, "receive displacement");
+    rtotal += from;
+  }
+  h.bsp_recv.resize(rtotal * token_bytes_);
+  check(MPI_Alltoallv(sendbuf.data(), scounts.data(), sdispl.data(), MPI_BYTE, h.bsp_recv.data(), rcounts.data(),
+                      rdispl.data(), MPI_BYTE, comm),
+        rank_, "MPI_Alltoallv (tokens)");
+  // Regroup by local expert: inside each source's block, tokens are ordered by local expert.
+  for (int le = 0; le < local_experts(); ++le) {
+    regroup(h, le, [&](int s) {
+      std::size_t before = 0;
+      for (int l2 = 0; l2 < le; ++l2) before += h.recv_counts[static_cast<std::size_t>(l2) * P + s];
+      return h.bsp_recv.data() + (h.bsp_rdispl_tokens[s] + before) * token_bytes_;
+    });
+  }
+  const std::size_t out_total = rtotal * out_token_bytes_, back = total * out_token_bytes_;
+  h.bsp_csend.resize(out_total);
+  h.bsp_crecv.resize(back);
+  peak_bytes_ = std::max(peak_bytes_, sendbuf.size() + h.bsp_recv.size() + out_total + back);
+}
+
+void BspLayer::dispatch_recv(Handle& h) { check_handle(h, "dispatch_recv"); }
+
+std::optional<int> BspLayer::next_expert(Handle& h) {
+  check_handle(h, "next_expert");
+  HandleState& s = h.state();
+  if (s.num_returned == local_experts()) return std::nullopt;
+  for (int le = 0; le < local_experts(); ++le) {
+    if (!s.returned[le]) {
+      s.returned[le] = 1;
+      ++s.num_returned;
+      return le;
+    }
+  }
+  return std::nullopt;
+}
+
+void BspLayer::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
+  check_combine_send(h, local, outputs);
+  HandleState& s = h.state();
+  const int P = size_;
+  // Outputs of this expert go into each source's block at the source's (local expert, j) order.
+  std::size_t row = 0;
+  for (int src = 0; src < P; ++src) {
+    std::size_t before = 0;
+    for (int l2 = 0; l2 < local; ++l2) before += s.recv_counts[static_cast<std::size_t>(l2) * P + src];
+    const std::size_t c = s.recv_counts[static_cast<std::size_t>(local) * P + src];
+    std::memcpy(s.bsp_csend.data() + (s.bsp_rdispl_tokens[src] + before) * out_token_bytes_,
+                outputs.data() + row * out_token_bytes_, c * out_token_bytes_);
+    row += c;
+  }
+  s.combined[local] = 1;
+  ++s.num_combined;
+}
+
+void BspLayer::combine_recv(Handle& h, std::span<float> out) {
+  check_handle(h, "combine_recv");
+  HandleState& s = h.state();
+  if (s.num_combined != local_experts()) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) +
+                                            ": combine_recv: " + std::to_string(local_experts() - s.num_combined) +
+                                            " local expert(s) of this call were not combine_sent yet");
+  }
+  const int P = size_, L = map_.max_local();
+  std::vector<int> scounts(P), sdispl(P), rcounts(P), rdispl(P);
+  for (int p = 0; p < P; ++p) {
+    std::size_t from = 0, to = 0;
+    for (int le = 0; le < L; ++le) {
+      from += s.recv_counts[static_cast<std::size_t>(le) * P + p];
+      to += s.send_counts[static_cast<std::size_t>(p) * L + le];
+    }
+    scounts[p] = as_int(from * out_token_bytes_, rank_, "combine send block");
+    sdispl[p] = as_int(s.bsp_rdispl_tokens[p] * out_token_bytes_, rank_, "combine send displacement");
+    rcounts[p] = as_int(to * out_token_bytes_, rank_, "combine receive block");
+    rdispl[p] = as_int(s.coffset[static_cast<std::size_t>(p) * L] * out_token_bytes_, rank_, "combine displacement");
+  }
+  check(MPI_Alltoallv(s.bsp_csend.data(), scounts.data(), sdispl.data(), MPI_BYTE, s.bsp_crecv.data(), rcounts.data(),
+                      rdispl.data(), MPI_BYTE, ctx_.comm()),
+        rank_, "MPI_Alltoallv (outputs)");
+  reduce(s, s.bsp_crecv.data(), out);
+  finish(s);
+}
+
+}  // namespace ubep::moe

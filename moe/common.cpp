@@ -1,0 +1,346 @@
+// What both MoE implementations share: element types, the expert map, input checks, the send plan,
+// regrouping by expert and the weighted reduction (so that both give bit-identical results).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "moe/handle.hpp"
+#include "ubep/moe.hpp"
+
+namespace ubep::moe {
+
+const char* to_string(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::e4m3: return "e4m3";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "float32") return DType::f32;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  if (name == "e4m3" || name == "fp8") return DType::e4m3;
+  throw Error(Errc::invalid_argument, "ubep: moe: unknown element type '" + name + "' (f32, bf16, e4m3)");
+}
+
+std::size_t element_size(DType t) noexcept { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 1; }
+DType output_dtype(DType t) noexcept { return t == DType::f32 ? DType::f32 : DType::bf16; }
+
+std::uint16_t float_to_bf16(float f) noexcept {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                                           // round to nearest even
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+float bf16_to_float(std::uint16_t b) noexcept { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+
+float e4m3_to_float(std::uint8_t q) noexcept {
+  const int sign = q >> 7, exp = (q >> 3) & 0xf, man = q & 7;
+  float v;
+  if (exp == 0xf && man == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) {
+    v = std::ldexp(static_cast<float>(man) / 8.0f, -6);
+  } else {
+    v = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  }
+  return sign ? -v : v;
+}
+
+std::uint8_t float_to_e4m3(float f) noexcept {
+  if (std::isnan(f)) return 0x7f;
+  const std::uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate at the largest finite value
+  // Nearest representable value, ties to even mantissa: scan the 127 magnitudes by binary search.
+  int lo = 0, hi = 0x7e;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (e4m3_to_float(static_cast<std::uint8_t>(mid)) <= a)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  if (lo < 0x7e) {
+    const float below = e4m3_to_float(static_cast<std::uint8_t>(lo));
+    const float above = e4m3_to_float(static_cast<std::uint8_t>(lo + 1));
+    if (a - below > above - a || (a - below == above - a && (lo & 1))) ++lo;
+  }
+  return sign | static_cast<std::uint8_t>(lo);
+}
+
+int ExpertMap::first(int rank) const {
+  const int base = num_experts / ranks, extra = num_experts % ranks;
+  return rank * base + std::min(rank, extra);
+}
+int ExpertMap::count(int rank) const {
+  const int base = num_experts / ranks, extra = num_experts % ranks;
+  return base + (rank < extra ? 1 : 0);
+}
+int ExpertMap::owner(int expert) const {
+  const int base = num_experts / ranks, extra = num_experts % ranks;
+  const int big = extra * (base + 1);
+  return expert < big ? expert / (base + 1) : extra + (expert - big) / std::max(base, 1);
+}
+
+Handle::Handle() = default;
+Handle::Handle(Handle&&) noexcept = default;
+Handle& Handle::operator=(Handle&&) noexcept = default;
+Handle::~Handle() = default;
+std::uint64_t Handle::call() const { return state_ ? state_->call : 0; }
+int Handle::tokens() const { return state_ ? state_->n : 0; }
+
+LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx), config_(c) {
+  rank_ = ctx.rank();
+  size_ = ctx.size();
+  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": " + who + ": ";
+  auto bad = [&](const std::string& what) { throw Error(Errc::invalid_argument, pre + what); };
+  if (c.num_experts < 1) bad("num_experts=" + std::to_string(c.num_experts) + " must be at least 1");
+  if (c.hidden < 1) bad("hidden=" + std::to_string(c.hidden) + " must be at least 1");
+  if (c.topk < 1 || c.topk > c.num_experts) {
+    bad("topk=" + std::to_string(c.topk) + " must be in [1, num_experts=" + std::to_string(c.num_experts) + "]");
+  }
+  if (c.max_tokens_per_rank < 0) bad("max_tokens_per_rank=" + std::to_string(c.max_tokens_per_rank) + " is negative");
+  ctx.agree(who,
+            {c.num_experts, c.hidden, static_cast<std::int64_t>(c.dtype), c.topk, c.max_tokens_per_rank,
+             static_cast<std::int64_t>(ctx.options().run_ahead)},
+            {"num_experts", "hidden", "dtype", "topk", "max_tokens_per_rank", "UBEP_RUN_AHEAD"});
+  map_ = ExpertMap{c.num_experts, size_};
+  const std::size_t payload = static_cast<std::size_t>(c.hidden) * element_size(c.dtype);
+  token_bytes_ = (payload + (c.dtype == DType::e4m3 ? 4 : 0) + 15) / 16 * 16;
+  out_token_bytes_ = static_cast<std::size_t>(c.hidden) * element_size(output_dtype(c.dtype));
+}
+
+LayerBase::~LayerBase() = default;
+
+void LayerBase::check_handle(const Handle& h, const char* call) const {
+  if (!h.state_) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": " + call + ": empty handle");
+  }
+  if (h.state_->finished) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": " + call + ": call #" +
+                                            std::to_string(h.state_->call) + " was already combined");
+  }
+}
+
+Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
+                                std::span<const float> topk_weights, std::span<const float> scales) {
+  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": dispatch: ";
+  const int k = config_.topk, E = config_.num_experts;
+  if (topk_idx.size() % k != 0) {
+    throw Error(Errc::invalid_argument, pre + "topk_idx has " + std::to_string(topk_idx.size()) +
+                                            " entries, not a multiple of topk=" + std::to_string(k));
+  }
+  const std::size_t n = topk_idx.size() / k;
+  if (n > static_cast<std::size_t>(config_.max_tokens_per_rank)) {
+    throw Error(Errc::out_of_range, pre + "n=" + std::to_string(n) + " tokens exceeds max_tokens_per_rank=" +
+                                        std::to_string(config_.max_tokens_per_rank));
+  }
+  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+  if (tokens.size() != n * payload) {
+    throw Error(Errc::invalid_argument,
+                pre + "tokens has " + std::to_string(tokens.size()) + " bytes, expected n x hidden x " +
+                    std::to_string(element_size(config_.dtype)) + " = " + std::to_string(n * payload));
+  }
+  if (topk_weights.size() != topk_idx.size()) {
+    throw Error(Errc::invalid_argument, pre + "topk_weights has " + std::to_string(topk_weights.size()) +
+                                            " entries, topk_idx has " + std::to_string(topk_idx.size()));
+  }
+  const std::size_t want_scales = config_.dtype == DType::e4m3 ? n : 0;
+  if (scales.size() != want_scales) {
+    throw Error(Errc::invalid_argument, pre + "scales has " + std::to_string(scales.size()) + " entries, expected " +
+                                            std::to_string(want_scales) + " (one per token for e4m3, none otherwise)");
+  }
+  for (std::size_t t = 0; t < n; ++t) {
+    for (int a = 0; a < k; ++a) {
+      const int e = topk_idx[t * k + a];
+      if (e < 0 || e >= E) {
+        throw Error(Errc::out_of_range, pre + "token " + std::to_string(t) + " slot " + std::to_string(a) +
+                                            ": expert id " + std::to_string(e) + " is out of range [0, " +
+                                            std::to_string(E) + ")");
+      }
+      for (int b = 0; b < a; ++b) {
+        if (topk_idx[t * k + b] == e) {
+          throw Error(Errc::invalid_argument, pre + "token " + std::to_string(t) + " lists expert " +
+                                                  std::to_string(e) + " twice in its top-k");
+        }
+      }
+    }
+  }
+  if (calls_ - finished_ >= ctx_.options().run_ahead) {
+    throw Error(Errc::invalid_argument,
+                pre + "call #" + std::to_string(calls_) + " would be the " + std::to_string(calls_ - finished_ + 1) +
+                    "th call in flight; combine earlier " +
+                    "calls first (UBEP_RUN_AHEAD=" + std::to_string(ctx_.options().run_ahead) + ")");
+  }
+
+  Handle handle;
+  handle.state_ = std::make_unique<HandleState>();
+  HandleState& h = *handle.state_;
+  h.call = calls_;
+  h.set = static_cast<int>(calls_ % ctx_.options().run_ahead);
+  h.n = static_cast<int>(n);
+  h.idx.assign(topk_idx.begin(), topk_idx.end());
+  h.weights.assign(topk_weights.begin(), topk_weights.end());
+  const int L = map_.max_local();
+  h.send_counts.assign(static_cast<std::size_t>(size_) * L, 0);
+  h.pos.resize(n * k);
+  h.batch_tokens.assign(static_cast<std::size_t>(size_) * L, {});
+  for (std::size_t t = 0; t < n; ++t) {
+    for (int a = 0; a < k; ++a) {
+      const int e = topk_idx[t * k + a], d = map_.owner(e), le = e - map_.first(d);
+      int& c = h.send_counts[static_cast<std::size_t>(d) * L + le];
+      h.pos[t * k + a] = c++;
+      h.batch_tokens[static_cast<std::size_t>(d) * L + le].push_back(static_cast<int>(t));
+    }
+  }
+  h.coffset.assign(h.send_counts.size(), 0);
+  std::size_t acc = 0;
+  for (std::size_t i = 0; i < h.send_counts.size(); ++i) {
+    h.coffset[i] = acc;
+    acc += static_cast<std::size_t>(h.send_counts[i]);
+  }
+  const int local = map_.count(rank_);
+  h.recv_counts.assign(static_cast<std::size_t>(L) * size_, 0);
+  h.recv_meta.assign(static_cast<std::size_t>(L) * size_, 0);
+  h.ready.assign(local, 0);
+  h.returned.assign(local, 0);
+  h.combined.assign(local, 0);
+  h.expert_data.resize(local);
+  h.expert_scales.resize(local);
+  // Keep the caller's tokens reachable for the implementation's send only.
+  send_tokens_ = tokens;
+  send_scales_ = scales;
+  send(h);
+  send_tokens_ = {};
+  send_scales_ = {};
+  ++calls_;
+  return handle;
+}
+
+Handle LayerBase::dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
+                           std::span<const float> topk_weights, std::span<const float> scales) {
+  Handle h = dispatch_send(tokens, topk_idx, topk_weights, scales);
+  dispatch_recv(h);
+  return h;
+}
+
+ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
+  check_handle(h, "expert_tokens");
+  const HandleState& s = *h.state_;
+  if (local < 0 || local >= map_.count(rank_)) {
+    throw Error(Errc::out_of_range, "ubep: rank " + std::to_string(rank_) + ": expert_tokens: local expert " +
+                                        std::to_string(local) + " is out of range [0, " +
+                                        std::to_string(map_.count(rank_)) + ")");
+  }
+  if (!s.ready[local]) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": expert_tokens: local expert " +
+                                            std::to_string(local) +
+                                            " is not complete yet (use next_expert or dispatch_recv)");
+  }
+  ExpertTokens t;
+  t.local = local;
+  t.expert = map_.first(rank_) + local;
+  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+  t.count = static_cast<int>(payload ? s.expert_data[local].size() / payload : 0);
+  t.data = s.expert_data[local];
+  t.scales = s.expert_scales[local];
+  return t;
+}
+
+void LayerBase::regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block) {
+  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+  std::size_t total = 0;
+  for (int s = 0; s < size_; ++s)
+    total += static_cast<std::size_t>(h.recv_counts[static_cast<std::size_t>(le) * size_ + s]);
+  std::vector<std::byte>& data = h.expert_data[le];
+  if (data.capacity() < total * payload && !pool_.empty()) {
+    data.swap(pool_.back());
+    pool_.pop_back();
+  }
+  data.resize(total * payload);
+  std::vector<float>& scales = h.expert_scales[le];
+  scales.resize(config_.dtype == DType::e4m3 ? total : 0);
+  std::size_t row = 0;
+  for (int s = 0; s < size_; ++s) {
+    const int c = h.recv_counts[static_cast<std::size_t>(le) * size_ + s];
+    if (c == 0) continue;
+    const std::byte* p = block(s);
+    for (int j = 0; j < c; ++j, ++row) {
+      std::memcpy(data.data() + row * payload, p + j * token_bytes_, payload);
+      if (!scales.empty()) std::memcpy(&scales[row], p + j * token_bytes_ + payload, 4);
+    }
+  }
+  h.ready[le] = 1;
+  ++h.num_ready;
+}
+
+void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
+  const std::size_t hidden = static_cast<std::size_t>(config_.hidden);
+  if (out.size() != static_cast<std::size_t>(h.n) * hidden) {
+    throw Error(Errc::invalid_argument,
+                "ubep: rank " + std::to_string(rank_) + ": combine_recv: out has " + std::to_string(out.size()) +
+                    " elements, expected n x hidden = " + std::to_string(static_cast<std::size_t>(h.n) * hidden));
+  }
+  const int k = config_.topk, L = map_.max_local();
+  const bool f32 = output_dtype(config_.dtype) == DType::f32;
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (int t = 0; t < h.n; ++t) {
+    float* o = out.data() + static_cast<std::size_t>(t) * hidden;
+    for (int a = 0; a < k; ++a) {
+      const int e = h.idx[static_cast<std::size_t>(t) * k + a], d = map_.owner(e), le = e - map_.first(d);
+      const std::size_t slot =
+          h.coffset[static_cast<std::size_t>(d) * L + le] + h.pos[static_cast<std::size_t>(t) * k + a];
+      const std::byte* y = combine + slot * out_token_bytes_;
+      const float w = h.weights[static_cast<std::size_t>(t) * k + a];
+      if (f32) {
+        const float* v = reinterpret_cast<const float*>(y);
+        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * v[i];
+      } else {
+        const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(y);
+        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * bf16_to_float(v[i]);
+      }
+    }
+  }
+}
+
+int LayerBase::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {
+  const ExpertTokens t = expert_tokens(h, local);  // checks the handle, the index and completeness
+  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": combine_send: ";
+  if (h.state_->combined[local]) {
+    throw Error(Errc::invalid_argument, pre + "local expert " + std::to_string(local) + " was already sent");
+  }
+  if (outputs.size() != static_cast<std::size_t>(t.count) * out_token_bytes_) {
+    throw Error(Errc::invalid_argument, pre + "local expert " + std::to_string(local) + ": outputs has " +
+                                            std::to_string(outputs.size()) + " bytes, expected count x hidden x " +
+                                            std::to_string(element_size(output_dtype(config_.dtype))) + " = " +
+                                            std::to_string(static_cast<std::size_t>(t.count) * out_token_bytes_));
+  }
+  return t.count;
+}
+
+void LayerBase::finish(HandleState& h) {
+  for (auto& d : h.expert_data) {
+    if (d.capacity()) pool_.push_back(std::move(d));
+  }
+  h.finished = true;
+  ++finished_;
+}
+
+void LayerBase::combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out) {
+  check_handle(h, "combine");
+  if (static_cast<int>(outputs.size()) != local_experts()) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) +
+                                            ": combine: " + std::to_string(outputs.size()) + " output arrays for " +
+                                            std::to_string(local_experts()) + " local experts");
+  }
+  for (int le = 0; le < local_experts(); ++le) {
+    if (!h.state_->combined[le]) combine_send(h, le, outputs[le]);
+  }
+  combine_recv(h, out);
+}
+
+}  // namespace ubep::moe

@@ -1,0 +1,41 @@
+// The state of one dispatch/combine call (private to moe/).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ubep::moe {
+
+struct HandleState {
+  std::uint64_t call = 0;
+  int set = 0;  // buffer set of this call (ubep layer)
+  int n = 0;
+  // Input kept for combine: top-k ids and weights, [n x topk].
+  std::vector<int> idx;
+  std::vector<float> weights;
+  // Plan, send side: for each (t, k) its position j within the batch (dest rank, local expert of dest);
+  // per (dest, local) the batch size and its offset (in tokens) in this rank's combine buffer, which is
+  // laid out dest-major so that each owner's outputs form one contiguous block.
+  std::vector<int> pos;                        // [n x topk]
+  std::vector<int> send_counts;                // [ranks x max_local]
+  std::vector<std::size_t> coffset;            // [ranks x max_local]
+  std::vector<std::vector<int>> batch_tokens;  // [ranks x max_local] -> token ids in j order
+  std::vector<std::uint64_t> meta_out;         // combine offsets sent as metadata (alive until flushed)
+  // Receive side, per local expert.
+  std::vector<int> recv_counts;          // [max_local x ranks]: tokens of local expert le from source s
+  std::vector<std::uint64_t> recv_meta;  // [max_local x ranks]: the source's combine offset for that batch
+  std::vector<std::uint8_t> ready;       // local expert regrouped
+  std::vector<std::uint8_t> returned;    // handed out by next_expert
+  std::vector<std::uint8_t> combined;    // combine_send done
+  int num_ready = 0, num_returned = 0, num_combined = 0;
+  std::vector<std::vector<std::byte>> expert_data;  // [local] contiguous tokens
+  std::vector<std::vector<float>> expert_scales;    // [local] e4m3 scales
+  bool released = false;
+  bool finished = false;
+  // BSP baseline: received blocks and combine staging.
+  std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;
+  std::vector<int> bsp_rdispl_tokens;  // [ranks]: first token of source s in bsp_recv
+};
+
+}  // namespace ubep::moe
