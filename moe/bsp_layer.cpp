@@ -41,7 +41,13 @@ void BspLayer::send(HandleState& h) {
   check(MPI_Alltoall(h.send_counts.data(), L, MPI_INT, rc.data(), L, MPI_INT, comm), rank_, "MPI_Alltoall");
   // Pack by (destination, local expert, j): exactly the order of coffset.
   const std::size_t total = h.coffset.empty() ? 0 : h.coffset.back() + h.send_counts.back();
-  std::vector<std::byte> sendbuf(total * token_bytes_);
+  // Buffers persist across calls (sendbuf_ and the recycled handle vectors): a fresh vector per call would
+  // page-fault hundreds of MiB and make the baseline slower than the MPI under it.
+  std::vector<std::byte>& sendbuf = sendbuf_;
+  sendbuf.resize(total * token_bytes_);
+  h.bsp_recv.swap(recv_);
+  h.bsp_csend.swap(csend_);
+  h.bsp_crecv.swap(crecv_);
   std::vector<int> scounts(P), sdispl(P), rcounts(P), rdispl(P);
   for (int d = 0; d < P; ++d) {
     std::size_t dest_tokens = 0;
@@ -148,6 +154,9 @@ void BspLayer::combine_recv(Handle& h, std::span<float> out) {
                       rdispl.data(), MPI_BYTE, ctx_.comm()),
         rank_, "MPI_Alltoallv (outputs)");
   reduce(s, s.bsp_crecv.data(), out);
+  s.bsp_recv.swap(recv_);
+  s.bsp_csend.swap(csend_);
+  s.bsp_crecv.swap(crecv_);
   finish(s);
 }
 

@@ -29,6 +29,10 @@ DType parse_dtype(const std::string& name) {
 std::size_t element_size(DType t) noexcept { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 1; }
 DType output_dtype(DType t) noexcept { return t == DType::f32 ? DType::f32 : DType::bf16; }
 
+namespace {
+inline float bf16_bits_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+}  // namespace
+
 std::uint16_t float_to_bf16(float f) noexcept {
   std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
@@ -36,7 +40,7 @@ std::uint16_t float_to_bf16(float f) noexcept {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-float bf16_to_float(std::uint16_t b) noexcept { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+float bf16_to_float(std::uint16_t b) noexcept { return bf16_bits_to_float(b); }
 
 float e4m3_to_float(std::uint8_t q) noexcept {
   const int sign = q >> 7, exp = (q >> 3) & 0xf, man = q & 7;
@@ -278,6 +282,7 @@ void LayerBase::regroup(HandleState& h, int le, const std::function<const std::b
   ++h.num_ready;
 }
 
+// reduce() uses bf16_bits_to_float directly: the exported bf16_to_float would be a PLT call per element.
 void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
   const std::size_t hidden = static_cast<std::size_t>(config_.hidden);
   if (out.size() != static_cast<std::size_t>(h.n) * hidden) {
@@ -301,7 +306,7 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
         for (std::size_t i = 0; i < hidden; ++i) o[i] += w * v[i];
       } else {
         const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(y);
-        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * bf16_to_float(v[i]);
+        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * bf16_bits_to_float(v[i]);
       }
     }
   }

@@ -121,6 +121,7 @@ std::optional<int> Layer::next_expert(Handle& h) {
   HandleState& s = h.state();
   Impl& m = *impl_;
   const int local = local_experts();
+  release_if_done(s);  // a rank without experts releases at once
   if (s.num_returned == local) return std::nullopt;
   const std::size_t L = map_.max_local(), P = size_;
   const std::size_t M = static_cast<std::size_t>(config_.max_tokens_per_rank);
@@ -137,12 +138,7 @@ std::optional<int> Layer::next_expert(Handle& h) {
           s.recv_meta[le * P + src] = m.dmeta[(s.set * L + le) * P + src];
         }
         regroup(s, le, [&](int src) { return m.dbuf.data() + (((s.set * L + le) * P + src) * M) * token_bytes_; });
-        if (s.num_ready == local && !s.released) {
-          // Everything of this call is copied out of our buffers: let every source reuse its set.
-          for (int src = 0; src < size_; ++src) ctx_.signal_op(&m.rel[rank_], s.call + 1, SignalOp::set, src);
-          ctx_.progress();
-          s.released = true;
-        }
+        release_if_done(s);
       }
       s.returned[le] = 1;
       ++s.num_returned;
@@ -160,10 +156,18 @@ std::optional<int> Layer::next_expert(Handle& h) {
         const std::string what =
             "moe dispatch, call " + std::to_string(s.call) + ", local expert " + std::to_string(le);
         ctx_.wait_until_all(sigs(le), Cmp::ge, tag(s.call),
-                            {.timeout = std::chrono::duration<double>(0.0), .writers = writers, .what = what.c_str()});
+                            {.timeout = std::chrono::duration<double>(1e-6), .writers = writers, .what = what.c_str()});
       }
     }
   }
+}
+
+void Layer::release_if_done(HandleState& s) {
+  if (s.released || s.num_ready != local_experts()) return;
+  // Everything of this call is copied out of our buffers: let every source reuse its set.
+  for (int src = 0; src < size_; ++src) ctx_.signal_op(&impl_->rel[rank_], s.call + 1, SignalOp::set, src);
+  ctx_.progress();
+  s.released = true;
 }
 
 void Layer::dispatch_recv(Handle& h) {

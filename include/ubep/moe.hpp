@@ -172,6 +172,7 @@ class Layer final : public LayerBase {
 
  private:
   void send(HandleState& h) override;
+  void release_if_done(HandleState& s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -191,6 +192,7 @@ class BspLayer final : public LayerBase {
  private:
   void send(HandleState& h) override;
   std::size_t peak_bytes_ = 0;
+  std::vector<std::byte> sendbuf_, recv_, csend_, crecv_;  // reused across calls
 };
 
 }  // namespace ubep::moe
