@@ -32,9 +32,8 @@ BspLayer::BspLayer(Context& ctx, const Config& config) : LayerBase(ctx, config, 
 BspLayer::~BspLayer() = default;
 std::size_t BspLayer::buffer_bytes() const { return peak_bytes_; }
 
-void BspLayer::send(HandleState& h) {
+void BspLayer::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
   const int P = size_, L = map_.max_local();
-  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
   MPI_Comm comm = ctx_.comm();
   // Counts: [P x L] ints to every rank.
   std::vector<int> rc(static_cast<std::size_t>(P) * L);
@@ -54,11 +53,7 @@ void BspLayer::send(HandleState& h) {
     for (int le = 0; le < L; ++le) {
       const std::size_t b = static_cast<std::size_t>(d) * L + le;
       const auto& toks = h.batch_tokens[b];
-      std::byte* p = sendbuf.data() + h.coffset[b] * token_bytes_;
-      for (std::size_t j = 0; j < toks.size(); ++j) {
-        std::memcpy(p + j * token_bytes_, send_tokens_.data() + toks[j] * payload, payload);
-        if (config_.dtype == DType::e4m3) std::memcpy(p + j * token_bytes_ + payload, &send_scales_[toks[j]], 4);
-      }
+      pack(toks, sendbuf.data() + h.coffset[b] * token_bytes_, tokens, scales);
       dest_tokens += toks.size();
     }
     scounts[d] = as_int(dest_tokens * token_bytes_, rank_, "send block");

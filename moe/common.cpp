@@ -113,9 +113,8 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
              static_cast<std::int64_t>(ctx.options().run_ahead)},
             {"num_experts", "hidden", "dtype", "topk", "max_tokens_per_rank", "UBEP_RUN_AHEAD"});
   map_ = ExpertMap{c.num_experts, size_};
-  const std::size_t payload = static_cast<std::size_t>(c.hidden) * element_size(c.dtype);
-  token_bytes_ = (payload + (c.dtype == DType::e4m3 ? 4 : 0) + 15) / 16 * 16;
-  out_token_bytes_ = static_cast<std::size_t>(c.hidden) * element_size(output_dtype(c.dtype));
+  token_bytes_ = token_stride(c);
+  out_token_bytes_ = output_stride(c);
 }
 
 LayerBase::~LayerBase() = default;
@@ -215,12 +214,7 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   h.combined.assign(local, 0);
   h.expert_data.resize(local);
   h.expert_scales.resize(local);
-  // Keep the caller's tokens reachable for the implementation's send only.
-  send_tokens_ = tokens;
-  send_scales_ = scales;
-  send(h);
-  send_tokens_ = {};
-  send_scales_ = {};
+  send(h, tokens, scales);
   ++calls_;
   return handle;
 }
@@ -230,6 +224,15 @@ Handle LayerBase::dispatch(std::span<const std::byte> tokens, std::span<const in
   Handle h = dispatch_send(tokens, topk_idx, topk_weights, scales);
   dispatch_recv(h);
   return h;
+}
+
+void LayerBase::pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
+                     std::span<const float> scales) const {
+  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+  for (std::size_t j = 0; j < toks.size(); ++j) {
+    std::memcpy(dst + j * token_bytes_, tokens.data() + toks[j] * payload, payload);
+    if (!scales.empty()) std::memcpy(dst + j * token_bytes_ + payload, &scales[toks[j]], 4);
+  }
 }
 
 ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {

@@ -5,7 +5,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "ubep/moe.hpp"
+
 namespace ubep::moe {
+
+/// Bytes of one dispatched token in the buffers: payload, e4m3 scale, padded to 16.
+inline std::size_t token_stride(const Config& c) {
+  const std::size_t payload = static_cast<std::size_t>(c.hidden) * element_size(c.dtype);
+  return (payload + (c.dtype == DType::e4m3 ? 4 : 0) + 15) / 16 * 16;
+}
+/// Bytes of one expert output row.
+inline std::size_t output_stride(const Config& c) {
+  return static_cast<std::size_t>(c.hidden) * element_size(output_dtype(c.dtype));
+}
 
 struct HandleState {
   std::uint64_t call = 0;

@@ -32,9 +32,7 @@ constexpr std::uint64_t tag(std::uint64_t call) { return (call + 1) << 32; }
 
 std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   const ExpertMap map{c.num_experts, ranks};
-  const std::size_t payload = static_cast<std::size_t>(c.hidden) * element_size(c.dtype);
-  const std::size_t tb = (payload + (c.dtype == DType::e4m3 ? 4 : 0) + 15) / 16 * 16;
-  const std::size_t ob = static_cast<std::size_t>(c.hidden) * element_size(output_dtype(c.dtype));
+  const std::size_t tb = token_stride(c), ob = output_stride(c);
   const std::size_t L = static_cast<std::size_t>(map.max_local()), P = ranks, M = c.max_tokens_per_rank;
   const std::size_t words = run_ahead * (2 * L * P + c.num_experts) + P;
   const auto up = [](std::size_t b) { return (b + 63) / 64 * 64; };
@@ -69,7 +67,7 @@ Layer::~Layer() = default;
 const std::vector<int>& Layer::schedule() const noexcept { return impl_->schedule; }
 std::size_t Layer::buffer_bytes() const { return impl_->heap + impl_->staging.size(); }
 
-void Layer::send(HandleState& h) {
+void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
   Impl& m = *impl_;
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
   const std::size_t M = static_cast<std::size_t>(config_.max_tokens_per_rank);
@@ -92,15 +90,12 @@ void Layer::send(HandleState& h) {
       std::byte* dest = m.dbuf.data() + slot * token_bytes_;
       if (direct) {
         for (std::size_t j = 0; j < toks.size(); ++j) {
-          ctx_.put(dest + j * token_bytes_, send_tokens_.data() + toks[j] * payload, payload, d);
-          if (scaled) ctx_.put(dest + j * token_bytes_ + payload, &send_scales_[toks[j]], 4, d);
+          ctx_.put(dest + j * token_bytes_, tokens.data() + toks[j] * payload, payload, d);
+          if (scaled) ctx_.put(dest + j * token_bytes_ + payload, &scales[toks[j]], 4, d);
         }
       } else if (!toks.empty()) {
         std::byte* st = m.staging.data() + staged * token_bytes_;
-        for (std::size_t j = 0; j < toks.size(); ++j) {
-          std::memcpy(st + j * token_bytes_, send_tokens_.data() + toks[j] * payload, payload);
-          if (scaled) std::memcpy(st + j * token_bytes_ + payload, &send_scales_[toks[j]], 4);
-        }
+        pack(toks, st, tokens, scales);
         ctx_.put_nbi(dest, st, toks.size() * token_bytes_, d);
         staged += toks.size();
       }

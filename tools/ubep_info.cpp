@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
     const int n = ctx.size();
     std::vector<int> row(n), matrix(static_cast<std::size_t>(n) * n);
     for (int pe = 0; pe < n; ++pe) row[pe] = static_cast<int>(ctx.route(pe));
-    MPI_Gather(row.data(), n, MPI_INT, matrix.data(), n, MPI_INT, 0, ctx.comm());
+    if (MPI_Gather(row.data(), n, MPI_INT, matrix.data(), n, MPI_INT, 0, ctx.comm()) != MPI_SUCCESS) {
+      throw ubep::Error(ubep::Errc::mpi, "ubep-info: MPI_Gather of the route table failed");
+    }
 
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0, major = 0, minor = 0;

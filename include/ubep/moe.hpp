@@ -127,7 +127,11 @@ class LayerBase {
 
  protected:
   LayerBase(Context& ctx, const Config& config, const char* who);
-  virtual void send(HandleState& h) = 0;  // implementation part of dispatch_send
+  /// The implementation part of dispatch_send; `tokens` and `scales` are the caller's (checked) input.
+  virtual void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) = 0;
+  /// Packs the tokens `toks` (with their e4m3 scale) at stride token_bytes_ into `dst`.
+  void pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
+            std::span<const float> scales) const;
   void check_handle(const Handle& h, const char* call) const;
   /// out[t] = sum_k w[t,k] * combine[coffset(t,k)], the one reduction both implementations use.
   void reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const;
@@ -138,9 +142,7 @@ class LayerBase {
   int check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const;
   /// Marks a handle done and recycles its buffers.
   void finish(HandleState& h);
-  std::uint64_t finished_ = 0;              // calls whose combine_recv returned
-  std::span<const std::byte> send_tokens_;  // the caller's input, during send() only
-  std::span<const float> send_scales_;
+  std::uint64_t finished_ = 0;  // calls whose combine_recv returned
   std::vector<std::vector<std::byte>> pool_;
   Context& ctx_;
   Config config_;
@@ -171,7 +173,7 @@ class Layer final : public LayerBase {
   const std::vector<int>& schedule() const noexcept;
 
  private:
-  void send(HandleState& h) override;
+  void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
   void release_if_done(HandleState& s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -190,7 +192,7 @@ class BspLayer final : public LayerBase {
   void combine_recv(Handle& h, std::span<float> out) override;
 
  private:
-  void send(HandleState& h) override;
+  void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
   std::size_t peak_bytes_ = 0;
   std::vector<std::byte> sendbuf_, recv_, csend_, crecv_;  // reused across calls
 };

@@ -14,10 +14,12 @@ namespace ubep {
 
 /// How a wait polls: spin with a CPU pause, then yield the core, then sleep in doubling steps.
 struct PollPolicy {
-  std::uint32_t spin = 256;           ///< polls with a pause instruction before yielding
-  std::uint32_t yield = 4096;         ///< polls with sched_yield() before sleeping
-  std::uint32_t sleep_max_us = 64;    ///< the longest sleep between polls once sleeping, in microseconds
-  std::uint32_t progress_every = 32;  ///< call into MPI (Win_sync + Iprobe) every this many polls
+  std::uint32_t spin = 256;         ///< polls with a pause instruction before yielding
+  std::uint32_t yield = 4096;       ///< polls with sched_yield() before sleeping
+  std::uint32_t sleep_max_us = 64;  ///< the longest sleep between polls once sleeping, in microseconds
+  /// While spinning, call into MPI (Win_sync + Iprobe) every this many polls; once yielding or
+  /// sleeping, every poll calls into MPI.
+  std::uint32_t progress_every = 32;
   /// Parses UBEP_POLL: "adaptive" (the default above), "spin" (never yield: dedicated cores), "yield"
   /// (spin 0, yield forever), or "spin=N,yield=M,sleep_max_us=K,progress_every=P" (any subset).
   static PollPolicy parse(const std::string& text);
