@@ -37,6 +37,7 @@ struct HandleState {
   // Receive side, per local expert.
   std::vector<int> recv_counts;          // [max_local x ranks]: tokens of local expert le from source s
   std::vector<std::uint64_t> recv_meta;  // [max_local x ranks]: the source's combine offset for that batch
+  std::vector<std::uint64_t> want;       // [local x ranks]: dispatch-signal target, ~0 once seen (ubep layer)
   std::vector<std::uint8_t> ready;       // local expert regrouped
   std::vector<std::uint8_t> returned;    // handed out by next_expert
   std::vector<std::uint8_t> combined;    // combine_send done

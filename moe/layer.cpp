@@ -7,9 +7,8 @@
 //   rel   [ranks]                          c+1: owner d has consumed everything of call c from us
 // No collective, no barrier: a source writes call c into owner d's set only after d released call c-S.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <thread>
+#include <string>
 
 #include "moe/handle.hpp"
 #include "ubep/moe.hpp"
@@ -21,6 +20,7 @@ struct Layer::Impl {
   Symmetric<std::byte> dbuf, cbuf;
   Symmetric<std::uint64_t> dmeta, dsig, csig, rel;
   std::vector<int> schedule;
+  std::vector<int> writers;  // writer of each (local expert, source) dispatch signal: the source
   std::vector<std::byte> staging;
   std::size_t set_tokens = 0;  // tokens per (set) in dbuf: max_local * ranks * M
   std::size_t heap = 0;
@@ -61,6 +61,9 @@ Layer::Layer(Context& ctx, const Config& config)
   impl_->heap = need;
   impl_->schedule = ubep::schedule(ctx.topology(), rank_, parse_schedule(ctx.options().schedule));
   impl_->staging.resize(M * config.topk * token_bytes_);
+  for (int le = 0; le < map_.count(rank_); ++le) {
+    for (int src = 0; src < size_; ++src) impl_->writers.push_back(src);
+  }
 }
 
 Layer::~Layer() = default;
@@ -120,16 +123,20 @@ std::optional<int> Layer::next_expert(Handle& h) {
   if (s.num_returned == local) return std::nullopt;
   const std::size_t L = map_.max_local(), P = size_;
   const std::size_t M = static_cast<std::size_t>(config_.max_tokens_per_rank);
-  auto sigs = [&](int le) { return std::span<const std::uint64_t>(&m.dsig[(s.set * L + le) * P], P); };
-  const auto start = std::chrono::steady_clock::now();
-  const double timeout = ctx_.options().wait_timeout.count();
-  for (unsigned polls = 0;; ++polls) {
+  // Every (local expert, source) signal of this call, with its target: tag(call) until seen, then a
+  // value no signal reaches, so that each wait returns only for signals that arrived since the last one.
+  const std::span<const std::uint64_t> all(&m.dsig[s.set * L * P], local * P);
+  if (s.want.empty()) s.want.assign(local * P, tag(s.call));
+  constexpr std::uint64_t kSeen = ~std::uint64_t{0};
+  for (;;) {
     for (int le = 0; le < local; ++le) {
       if (s.returned[le]) continue;
       if (!s.ready[le]) {
-        if (!ctx_.test_all(sigs(le), Cmp::ge, tag(s.call))) continue;
+        bool complete = true;
+        for (std::size_t src = 0; src < P && complete; ++src) complete = s.want[le * P + src] == kSeen;
+        if (!complete) continue;
         for (std::size_t src = 0; src < P; ++src) {
-          s.recv_counts[le * P + src] = static_cast<int>(sigs(le)[src] & 0xffffffffu);
+          s.recv_counts[le * P + src] = static_cast<int>(all[le * P + src] & 0xffffffffu);
           s.recv_meta[le * P + src] = m.dmeta[(s.set * L + le) * P + src];
         }
         regroup(s, le, [&](int src) { return m.dbuf.data() + (((s.set * L + le) * P + src) * M) * token_bytes_; });
@@ -139,20 +146,9 @@ std::optional<int> Layer::next_expert(Handle& h) {
       ++s.num_returned;
       return le;
     }
-    if (polls < 64) continue;
-    std::this_thread::yield();
-    if (timeout > 0 && (polls & 63) == 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
-      // Let the runtime's wait produce the report (which sources have not signalled).
-      for (int le = 0; le < local; ++le) {
-        if (s.returned[le]) continue;
-        std::vector<int> writers(P);
-        for (std::size_t src = 0; src < P; ++src) writers[src] = static_cast<int>(src);
-        const std::string what =
-            "moe dispatch, call " + std::to_string(s.call) + ", local expert " + std::to_string(le);
-        ctx_.wait_until_all(sigs(le), Cmp::ge, tag(s.call),
-                            {.timeout = std::chrono::duration<double>(1e-6), .writers = writers, .what = what.c_str()});
-      }
+    const std::string what = "moe dispatch counts of call " + std::to_string(s.call);
+    for (std::size_t i : ctx_.wait_until_some(all, Cmp::ge, s.want, {.writers = m.writers, .what = what.c_str()})) {
+      s.want[i] = kSeen;
     }
   }
 }
