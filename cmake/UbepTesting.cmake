@@ -28,7 +28,13 @@ function(ubep_add_unit_test name source)
   target_link_libraries(${name} PRIVATE ubep::ubep GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   add_test(NAME ${name} COMMAND ${name})
-  set_tests_properties(${name} PROPERTIES LABELS unit TIMEOUT 120 ENVIRONMENT "${UBEP_TEST_ENV}")
+  # Sanitized builds run the exhaustive schedule checks about 50x slower.
+  if(UBEP_SANITIZE)
+    set(timeout 900)
+  else()
+    set(timeout 120)
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS unit TIMEOUT ${timeout} ENVIRONMENT "${UBEP_TEST_ENV}")
 endfunction()
 
 # ubep_add_mpi_test(<name> SOURCES ... [NP 2 3 4] [ROUTES default mpi] [TIMEOUT s] [LABELS ...]

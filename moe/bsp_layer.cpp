@@ -116,6 +116,7 @@ void BspLayer::combine_send(Handle& h, int local, std::span<const std::byte> out
     std::size_t before = 0;
     for (int l2 = 0; l2 < local; ++l2) before += s.recv_counts[static_cast<std::size_t>(l2) * P + src];
     const std::size_t c = s.recv_counts[static_cast<std::size_t>(local) * P + src];
+    if (c == 0) continue;  // outputs.data() may be null
     std::memcpy(s.bsp_csend.data() + (s.bsp_rdispl_tokens[src] + before) * out_token_bytes_,
                 outputs.data() + row * out_token_bytes_, c * out_token_bytes_);
     row += c;

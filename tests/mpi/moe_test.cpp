@@ -155,6 +155,11 @@ std::vector<float> run(moe::LayerBase& layer, const Config& c, const Input& in) 
   return result;
 }
 
+// Bit for bit (memcmp, not float ==), and never memcmp on the null data() of an empty vector.
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 Options opts() {
   Options o = Options::from_env();
   o.heap_size = 64u << 20;
@@ -187,11 +192,11 @@ TEST(Moe, UbepEqualsBspEqualsReference) {
       const auto b = run(bsp, c, in);
       const auto ref = reference(c, in);
       ASSERT_EQ(a.size(), ref.size());
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0)
-          << "ubep and bsp differ: experts " << cs.experts << " topk " << cs.topk << " " << to_string(cs.dtype);
-      EXPECT_EQ(std::memcmp(a.data(), ref.data(), a.size() * 4), 0)
-          << "ubep differs from the serial reference: experts " << cs.experts << " topk " << cs.topk << " "
-          << to_string(cs.dtype) << " routing " << static_cast<int>(cs.routing);
+      EXPECT_TRUE(bit_identical(a, b)) << "ubep and bsp differ: experts " << cs.experts << " topk " << cs.topk << " "
+                                       << to_string(cs.dtype);
+      EXPECT_TRUE(bit_identical(a, ref)) << "ubep differs from the serial reference: experts " << cs.experts << " topk "
+                                         << cs.topk << " " << to_string(cs.dtype) << " routing "
+                                         << static_cast<int>(cs.routing);
     }
   }
   ctx.finalize();
@@ -215,7 +220,7 @@ TEST(Moe, SplitPhasesAndPlainCombine) {
   std::vector<float> out(static_cast<std::size_t>(in.n) * c.hidden);
   layer.combine(h, views, out);
   const auto ref = reference(c, in);
-  EXPECT_EQ(std::memcmp(out.data(), ref.data(), out.size() * 4), 0);
+  EXPECT_TRUE(bit_identical(out, ref));
   ctx.finalize();
 }
 
@@ -249,7 +254,7 @@ TEST(Moe, RunAheadUnderRandomDelays) {
     }
     std::vector<float> result(static_cast<std::size_t>(f.in.n) * c.hidden);
     layer.combine_recv(f.h, result);
-    bad += std::memcmp(result.data(), reference(c, f.in).data(), result.size() * 4) != 0;
+    bad += !bit_identical(result, reference(c, f.in));
   };
   for (int call = 0; call < kCalls; ++call) {
     maybe_sleep();
@@ -300,7 +305,7 @@ TEST(Moe, BadInputIsReportedAndPeersTimeOut) {
   // Nothing was lost: a good call still works on every rank.
   Input in = make_input(c, ctx.rank(), ctx.size(), Routing::uniform, 77);
   const auto a = run(layer, c, in);
-  EXPECT_EQ(std::memcmp(a.data(), reference(c, in).data(), a.size() * 4), 0);
+  EXPECT_TRUE(bit_identical(a, reference(c, in)));
   // Rank 0 gives a bad expert id and never sends; the others time out naming rank 0.
   if (ctx.rank() == 0) {
     test::expect_error(Errc::out_of_range,

@@ -29,7 +29,7 @@ victims=()
 for ns in $(ip netns list | awk '{print $1}'); do
   case $MODE in
     prefix) [[ $ns == "$PREFIX"-* ]] && victims+=("$ns") ;;
-    all) [[ $ns =~ ^ubepmn[0-9]+- ]] && victims+=("$ns") ;;
+    all) [[ $ns == ubepmn* ]] && victims+=("$ns") ;;  # custom prefixes too (selftest: ubepmnst*)
     stale) [[ $ns =~ ^ubepmn([0-9]+)- ]] && ! owner_alive "${BASH_REMATCH[1]}" && victims+=("$ns") ;;
   esac
 done
