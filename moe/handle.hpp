@@ -33,11 +33,9 @@ struct HandleState {
   std::vector<int> send_counts;                // [ranks x max_local]
   std::vector<std::size_t> coffset;            // [ranks x max_local]
   std::vector<std::vector<int>> batch_tokens;  // [ranks x max_local] -> token ids in j order
-  std::vector<std::uint64_t> meta_out;         // combine offsets sent as metadata (alive until flushed)
   // Receive side, per local expert.
   std::vector<int> recv_counts;          // [max_local x ranks]: tokens of local expert le from source s
   std::vector<std::uint64_t> recv_meta;  // [max_local x ranks]: the source's combine offset for that batch
-  std::vector<std::uint64_t> want;       // [local x ranks]: dispatch-signal target, ~0 once seen (ubep layer)
   std::vector<std::uint8_t> ready;       // local expert regrouped
   std::vector<std::uint8_t> returned;    // handed out by next_expert
   std::vector<std::uint8_t> combined;    // combine_send done
@@ -45,6 +43,9 @@ struct HandleState {
   std::vector<std::vector<std::byte>> expert_data;  // [local] contiguous tokens
   std::vector<std::vector<float>> expert_scales;    // [local] e4m3 scales
   bool released = false;
+  // ubep layer: this call's outputs to mpi-route sources, staged until the flush after the last expert.
+  std::vector<std::byte> out_stage;
+  std::size_t out_staged = 0;
   bool finished = false;
   // BSP baseline: received blocks and combine staging.
   std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;

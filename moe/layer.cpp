@@ -1,13 +1,23 @@
-// ubep's dispatch/combine. Symmetric buffers, per buffer set (UBEP_RUN_AHEAD sets, call c uses set c % S):
-//   dbuf  [S][max_local][ranks][M] tokens  on the expert's owner, written by each source into its slot
-//   dmeta [S][max_local][ranks]           the source's combine offset for that batch
-//   dsig  [S][max_local][ranks]           (c+1) << 32 | count, set by the source after its data
-//   cbuf  [S][M * topk] outputs            on the token's source, written by the expert owners
-//   csig  [S][num_experts]                 (c+1) << 32 | count, set by the owner after the outputs
-//   rel   [ranks]                          c+1: owner d has consumed everything of call c from us
+// ubep's dispatch/combine. Per buffer set (UBEP_RUN_AHEAD sets; call c uses set c % S), one region per
+// (set, source) on every expert owner, and one signal per (set, peer) per direction:
+//   dbuf  [S][ranks] regions   on the expert's owner; source s writes region (set, s): a header of two
+//                              words per local expert of the owner (token count, s's combine offset),
+//                              then the tokens, expert by expert
+//   dsig  [S][ranks]           (c+1) << 32 | tokens, set by source s after its whole region
+//   cbuf  [S][M * topk] outputs on the token's source, written by the expert owners
+//   csig  [S][ranks]           (c+1) << 32 | 1, set by owner d after the outputs of all its local experts
+//   rel   [ranks]              c+1: owner d has consumed everything of call c from us
+// Why one signal per peer and not one per (expert, peer): on the mpi route a signal is an MPI_Accumulate,
+// which Open MPI's osc ucx makes a remote lock, a put and an unlock (two to three round trips, each needing
+// the target to progress), and each extra flush is another round trip. A source sends all of an owner's
+// experts in one go anyway, so per-expert signals bought no earlier start, only 2 x local experts times as
+// many round trips (docs/MULTINODE.md, "Benchmarks across nodes", has the numbers). On the mpi route the
+// region goes out as one put from a staging copy, the outputs of each expert as one put per source from a
+// staging copy, and there is one flush per peer per direction.
 // No collective, no barrier: a source writes call c into owner d's set only after d released call c-S.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "moe/handle.hpp"
@@ -18,32 +28,49 @@ namespace ubep::moe {
 
 struct Layer::Impl {
   Symmetric<std::byte> dbuf, cbuf;
-  Symmetric<std::uint64_t> dmeta, dsig, csig, rel;
+  Symmetric<std::uint64_t> dsig, csig, rel;
   std::vector<int> schedule;
-  std::vector<int> writers;  // writer of each (local expert, source) dispatch signal: the source
-  std::vector<std::byte> staging;
-  std::size_t set_tokens = 0;  // tokens per (set) in dbuf: max_local * ranks * M
+  std::vector<int> peers;                        // 0 .. ranks-1: the writer of dsig/csig entry i is rank i
+  std::vector<std::byte> staging;                // dispatch regions to mpi-route peers (alive until flushed)
+  std::vector<std::vector<std::byte>> out_pool;  // combine staging buffers, reused across calls
+  std::size_t region = 0;                        // bytes of one (set, source) region
+  std::size_t header = 0;                        // bytes of its header
   std::size_t heap = 0;
+  bool any_mpi = false;  // some peer is reached through the mpi route
 };
 
 namespace {
 constexpr std::uint64_t tag(std::uint64_t call) { return (call + 1) << 32; }
+constexpr std::size_t up64(std::size_t b) { return (b + 63) / 64 * 64; }
+
+struct Geometry {
+  std::size_t header, region;  // bytes
+};
+/// The (set, source) region: the header (count, offset per local expert), then at most
+/// max_tokens_per_rank x min(topk, max_local) tokens (each token goes to an expert at most once).
+Geometry geometry(const Config& c, const ExpertMap& map) {
+  const std::size_t L = static_cast<std::size_t>(map.max_local());
+  const std::size_t tokens = static_cast<std::size_t>(c.max_tokens_per_rank) * std::min<std::size_t>(c.topk, L);
+  const std::size_t header = up64(2 * L * sizeof(std::uint64_t));
+  return {header, up64(header + tokens * token_stride(c))};
+}
 }  // namespace
 
 std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   const ExpertMap map{c.num_experts, ranks};
-  const std::size_t tb = token_stride(c), ob = output_stride(c);
-  const std::size_t L = static_cast<std::size_t>(map.max_local()), P = ranks, M = c.max_tokens_per_rank;
-  const std::size_t words = run_ahead * (2 * L * P + c.num_experts) + P;
-  const auto up = [](std::size_t b) { return (b + 63) / 64 * 64; };
-  return up(run_ahead * L * P * M * tb) + up(run_ahead * M * c.topk * ob) + 4 * up(words * 8) + 4096;
+  const std::size_t P = ranks, S = run_ahead, M = c.max_tokens_per_rank;
+  const Geometry g = geometry(c, map);
+  // dbuf, cbuf, dsig, csig, rel (each allocation rounded up to 64 bytes), and slack for the allocator.
+  return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + 2 * up64(S * P * 8) + up64(P * 8) + 4096;
 }
 
 Layer::Layer(Context& ctx, const Config& config)
     : LayerBase(ctx, config, "moe::Layer"), impl_(std::make_unique<Impl>()) {
-  const std::size_t S = ctx.options().run_ahead, L = map_.max_local(), P = size_;
+  const std::size_t S = ctx.options().run_ahead, P = size_;
   const std::size_t M = static_cast<std::size_t>(config.max_tokens_per_rank);
-  impl_->set_tokens = L * P * M;
+  const Geometry g = geometry(config, map_);
+  impl_->region = g.region;
+  impl_->header = g.header;
   const std::size_t need = heap_bytes(config, size_, ctx.options().run_ahead);
   if (need > ctx.heap_free()) {
     throw OutOfHeap("ubep: rank " + std::to_string(rank_) + ": moe::Layer: needs " + std::to_string(need) +
@@ -52,18 +79,18 @@ Layer::Layer(Context& ctx, const Config& config)
                     std::to_string(need + (ctx.options().heap_size - ctx.heap_free())) +
                     " (or lower max_tokens_per_rank or UBEP_RUN_AHEAD)");
   }
-  impl_->dbuf = ctx.alloc<std::byte>(S * impl_->set_tokens * token_bytes_);
+  impl_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
   impl_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
-  impl_->dmeta = ctx.alloc<std::uint64_t>(S * L * P);
-  impl_->dsig = ctx.alloc_signals(S * L * P);
-  impl_->csig = ctx.alloc_signals(S * config.num_experts);
+  impl_->dsig = ctx.alloc_signals(S * P);
+  impl_->csig = ctx.alloc_signals(S * P);
   impl_->rel = ctx.alloc_signals(P);
   impl_->heap = need;
   impl_->schedule = ubep::schedule(ctx.topology(), rank_, parse_schedule(ctx.options().schedule));
-  impl_->staging.resize(M * config.topk * token_bytes_);
-  for (int le = 0; le < map_.count(rank_); ++le) {
-    for (int src = 0; src < size_; ++src) impl_->writers.push_back(src);
-  }
+  impl_->peers.resize(P);
+  std::iota(impl_->peers.begin(), impl_->peers.end(), 0);
+  for (int d = 0; d < size_; ++d) impl_->any_mpi = impl_->any_mpi || ctx.route(d) == Route::mpi;
+  // One call's regions to all mpi-route peers: a header each, and at most M x topk tokens in all.
+  if (impl_->any_mpi) impl_->staging.resize(P * g.header + M * config.topk * token_bytes_);
 }
 
 Layer::~Layer() = default;
@@ -73,45 +100,57 @@ std::size_t Layer::buffer_bytes() const { return impl_->heap + impl_->staging.si
 void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
   Impl& m = *impl_;
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
-  const std::size_t M = static_cast<std::size_t>(config_.max_tokens_per_rank);
   const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
   const bool scaled = config_.dtype == DType::e4m3;
-  h.meta_out.assign(P * L, 0);
+  std::vector<std::uint64_t> header(2 * L);
   std::size_t staged = 0;
   for (int d : m.schedule) {
+    const int local_d = map_.count(d);
+    if (local_d == 0) continue;  // d owns no expert: nothing to write, nothing to signal
     // Back-pressure: d must have consumed call c - S from us before we overwrite that buffer set.
     if (h.call >= S) {
       const int w[] = {d};
       ctx_.wait_until(&m.rel[d], Cmp::ge, h.call - S + 1, {.writers = w, .what = "moe back-pressure (run-ahead)"});
     }
-    const int local_d = map_.count(d);
-    const bool direct = ctx_.route(d) != Route::mpi;  // load/store: copy each token straight into d
+    std::size_t rows = 0;
     for (int le = 0; le < local_d; ++le) {
       const std::size_t b = static_cast<std::size_t>(d) * L + le;
-      const std::vector<int>& toks = h.batch_tokens[b];
-      const std::size_t slot = ((h.set * L + le) * P + rank_) * M;
-      std::byte* dest = m.dbuf.data() + slot * token_bytes_;
-      if (direct) {
-        for (std::size_t j = 0; j < toks.size(); ++j) {
-          ctx_.put(dest + j * token_bytes_, tokens.data() + toks[j] * payload, payload, d);
-          if (scaled) ctx_.put(dest + j * token_bytes_ + payload, &scales[toks[j]], 4, d);
+      header[2 * le] = static_cast<std::uint64_t>(h.send_counts[b]);
+      header[2 * le + 1] = h.coffset[b];
+      rows += h.batch_tokens[b].size();
+    }
+    std::byte* region = m.dbuf.data() + (static_cast<std::size_t>(h.set) * P + rank_) * m.region;
+    const std::size_t header_bytes = 2 * static_cast<std::size_t>(local_d) * sizeof(std::uint64_t);
+    if (ctx_.route(d) != Route::mpi) {
+      // Load/store: copy the header and each token straight into d's region.
+      ctx_.put(region, header.data(), header_bytes, d);
+      std::byte* row = region + m.header;
+      for (int le = 0; le < local_d; ++le) {
+        for (int t : h.batch_tokens[static_cast<std::size_t>(d) * L + le]) {
+          ctx_.put(row, tokens.data() + t * payload, payload, d);
+          if (scaled) ctx_.put(row + payload, &scales[t], 4, d);
+          row += token_bytes_;
         }
-      } else if (!toks.empty()) {
-        std::byte* st = m.staging.data() + staged * token_bytes_;
-        pack(toks, st, tokens, scales);
-        ctx_.put_nbi(dest, st, toks.size() * token_bytes_, d);
-        staged += toks.size();
       }
-      h.meta_out[b] = h.coffset[b];
-      ctx_.put_nbi(&m.dmeta[(h.set * L + le) * P + rank_], &h.meta_out[b], 8, d);
+    } else {
+      // MPI: pack header and tokens into the staging copy of the region, then one put.
+      std::byte* st = m.staging.data() + staged;
+      std::memcpy(st, header.data(), header_bytes);
+      std::byte* row = st + m.header;
+      for (int le = 0; le < local_d; ++le) {
+        const std::vector<int>& toks = h.batch_tokens[static_cast<std::size_t>(d) * L + le];
+        pack(toks, row, tokens, scales);
+        row += toks.size() * token_bytes_;
+      }
+      const std::size_t bytes = m.header + rows * token_bytes_;
+      ctx_.put_nbi(region, st, bytes, d);
+      staged += bytes;
     }
-    ctx_.fence();  // the data and metadata above are delivered before the signals below
-    for (int le = 0; le < local_d; ++le) {
-      const std::size_t b = static_cast<std::size_t>(d) * L + le;
-      ctx_.signal_op(&m.dsig[(h.set * L + le) * P + rank_], tag(h.call) | h.send_counts[b], SignalOp::set, d);
-    }
+    ctx_.fence();  // the region above is delivered before the signal below
+    ctx_.signal_op(&m.dsig[static_cast<std::size_t>(h.set) * P + rank_], tag(h.call) | rows, SignalOp::set, d);
   }
-  ctx_.progress();  // on the mpi route: one flush per peer, then every signal
+  // On the mpi route: one flush per peer (which also frees the staging), then every signal.
+  ctx_.progress();
 }
 
 std::optional<int> Layer::next_expert(Handle& h) {
@@ -121,36 +160,40 @@ std::optional<int> Layer::next_expert(Handle& h) {
   const int local = local_experts();
   release_if_done(s);  // a rank without experts releases at once
   if (s.num_returned == local) return std::nullopt;
-  const std::size_t L = map_.max_local(), P = size_;
-  const std::size_t M = static_cast<std::size_t>(config_.max_tokens_per_rank);
-  // Every (local expert, source) signal of this call, with its target: tag(call) until seen, then a
-  // value no signal reaches, so that each wait returns only for signals that arrived since the last one.
-  const std::span<const std::uint64_t> all(&m.dsig[s.set * L * P], local * P);
-  if (s.want.empty()) s.want.assign(local * P, tag(s.call));
-  constexpr std::uint64_t kSeen = ~std::uint64_t{0};
-  for (;;) {
+  if (s.num_ready == 0) {
+    // Every source's region of this call (each source signals once, after all our experts' tokens).
+    const std::size_t P = size_;
+    const std::string what = "moe dispatch regions of call " + std::to_string(s.call);
+    ctx_.wait_until_all({&m.dsig[static_cast<std::size_t>(s.set) * P], P}, Cmp::ge, tag(s.call),
+                        {.writers = m.peers, .what = what.c_str()});
+    const auto region = [&](std::size_t src) {
+      return m.dbuf.data() + (static_cast<std::size_t>(s.set) * P + src) * m.region;
+    };
+    std::vector<std::size_t> first(P, 0);  // per source: the first row of expert le in its region
+    const std::size_t capacity = (m.region - m.header) / token_bytes_;
     for (int le = 0; le < local; ++le) {
-      if (s.returned[le]) continue;
-      if (!s.ready[le]) {
-        bool complete = true;
-        for (std::size_t src = 0; src < P && complete; ++src) complete = s.want[le * P + src] == kSeen;
-        if (!complete) continue;
-        for (std::size_t src = 0; src < P; ++src) {
-          s.recv_counts[le * P + src] = static_cast<int>(all[le * P + src] & 0xffffffffu);
-          s.recv_meta[le * P + src] = m.dmeta[(s.set * L + le) * P + src];
+      for (std::size_t src = 0; src < P; ++src) {
+        const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
+        s.recv_counts[le * P + src] = static_cast<int>(header[2 * le]);
+        s.recv_meta[le * P + src] = header[2 * le + 1];
+        if (first[src] + header[2 * le] > capacity) {
+          throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": next_expert: the region of rank " +
+                                          std::to_string(src) + " in call " + std::to_string(s.call) +
+                                          " claims more tokens than it can hold");
         }
-        regroup(s, le, [&](int src) { return m.dbuf.data() + (((s.set * L + le) * P + src) * M) * token_bytes_; });
-        release_if_done(s);
       }
-      s.returned[le] = 1;
-      ++s.num_returned;
-      return le;
+      regroup(s, le, [&](int src) { return region(src) + m.header + first[src] * token_bytes_; });
+      for (std::size_t src = 0; src < P; ++src) first[src] += static_cast<std::size_t>(s.recv_counts[le * P + src]);
     }
-    const std::string what = "moe dispatch counts of call " + std::to_string(s.call);
-    for (std::size_t i : ctx_.wait_until_some(all, Cmp::ge, s.want, {.writers = m.writers, .what = what.c_str()})) {
-      s.want[i] = kSeen;
-    }
+    release_if_done(s);
   }
+  for (int le = 0; le < local; ++le) {
+    if (s.returned[le]) continue;
+    s.returned[le] = 1;
+    ++s.num_returned;
+    return le;
+  }
+  return std::nullopt;
 }
 
 void Layer::release_if_done(HandleState& s) {
@@ -178,46 +221,73 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   HandleState& s = h.state();
   Impl& m = *impl_;
   const std::size_t P = size_, Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
-  const int e = map_.first(rank_) + local;
+  const int experts = local_experts();
+  if (m.any_mpi && s.out_stage.empty()) {
+    // Staging for this call's outputs to mpi-route sources, freed by the flush after the last expert.
+    std::size_t bytes = 0;
+    for (int le = 0; le < experts; ++le) {
+      for (std::size_t src = 0; src < P; ++src) {
+        if (ctx_.route(static_cast<int>(src)) == Route::mpi) bytes += s.recv_counts[le * P + src] * out_token_bytes_;
+      }
+    }
+    if (!m.out_pool.empty()) {
+      s.out_stage.swap(m.out_pool.back());
+      m.out_pool.pop_back();
+    }
+    s.out_stage.resize(std::max<std::size_t>(bytes, 1));
+    s.out_staged = 0;
+  }
   // Rows of `outputs` are in source order (regroup order); send each source its block.
   std::vector<std::size_t> first(P + 1, 0);
   for (std::size_t src = 0; src < P; ++src) first[src + 1] = first[src] + s.recv_counts[local * P + src];
   for (int src : m.schedule) {
-    const int c = s.recv_counts[local * P + src];
+    const std::size_t c = static_cast<std::size_t>(s.recv_counts[local * P + src]);
     if (c == 0) continue;
     std::byte* dest = m.cbuf.data() + (s.set * Mk + s.recv_meta[local * P + src]) * out_token_bytes_;
-    ctx_.put_nbi(dest, outputs.data() + first[src] * out_token_bytes_, c * out_token_bytes_, src);
+    const std::byte* rows = outputs.data() + first[src] * out_token_bytes_;
+    if (ctx_.route(src) != Route::mpi) {
+      ctx_.put(dest, rows, c * out_token_bytes_, src);
+    } else {
+      std::byte* st = s.out_stage.data() + s.out_staged;
+      std::memcpy(st, rows, c * out_token_bytes_);
+      ctx_.put_nbi(dest, st, c * out_token_bytes_, src);
+      s.out_staged += c * out_token_bytes_;
+    }
   }
+  s.combined[local] = 1;
+  if (++s.num_combined < experts) return;
+  // The last local expert: one signal to every source that sent us tokens, after all outputs.
   ctx_.fence();
   for (int src : m.schedule) {
-    const int c = s.recv_counts[local * P + src];
-    if (c) ctx_.signal_op(&m.csig[s.set * config_.num_experts + e], tag(s.call) | c, SignalOp::set, src);
+    int c = 0;
+    for (int le = 0; le < experts; ++le) c += s.recv_counts[le * P + src];
+    if (c) ctx_.signal_op(&m.csig[static_cast<std::size_t>(s.set) * P + rank_], tag(s.call) | 1, SignalOp::set, src);
   }
-  ctx_.quiet();  // `outputs` may be reused when we return; on the mpi route this also sends the signals
-  s.combined[local] = 1;
-  ++s.num_combined;
+  // On the mpi route: one flush per peer with outputs in flight, then the signals; the staging is free.
+  ctx_.progress();
+  if (!s.out_stage.empty()) m.out_pool.push_back(std::move(s.out_stage));
 }
 
 void Layer::combine_recv(Handle& h, std::span<float> out) {
   check_handle(h, "combine_recv");
   HandleState& s = h.state();
   Impl& m = *impl_;
-  const int E = config_.num_experts, L = map_.max_local();
+  const std::size_t P = size_, L = map_.max_local();
   if (s.num_combined != local_experts()) {
     throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) +
                                             ": combine_recv: " + std::to_string(local_experts() - s.num_combined) +
                                             " local expert(s) of this call were not combine_sent yet");
   }
-  std::vector<std::uint64_t> want(E, 0);
-  std::vector<int> writers(E);
-  for (int e = 0; e < E; ++e) {
-    const int d = map_.owner(e), le = e - map_.first(d);
-    writers[e] = d;
-    if (s.send_counts[static_cast<std::size_t>(d) * L + le]) want[e] = tag(s.call);
+  // Owner d signals us once it has sent the outputs of all its experts, if we sent it any token.
+  std::vector<std::uint64_t> want(P, 0);
+  for (std::size_t d = 0; d < P; ++d) {
+    for (std::size_t le = 0; le < L; ++le) {
+      if (s.send_counts[d * L + le]) want[d] = tag(s.call);
+    }
   }
   const std::string what = "moe combine, call " + std::to_string(s.call);
-  ctx_.wait_until_all({&m.csig[s.set * E], static_cast<std::size_t>(E)}, Cmp::ge, want,
-                      {.writers = writers, .what = what.c_str()});
+  ctx_.wait_until_all({&m.csig[static_cast<std::size_t>(s.set) * P], P}, Cmp::ge, want,
+                      {.writers = m.peers, .what = what.c_str()});
   reduce(
       s,
       m.cbuf.data() + s.set * static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk * out_token_bytes_,

@@ -219,7 +219,7 @@ void build(State& s, MPI_Comm user_comm) {
     MPI_Info_free(&winfo);
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.world_win, MPI_ERRORS_RETURN));
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.world_win));
-    s.mpi = std::make_unique<detail::MpiRmaTransport>(s.world_win, s.rank, s.size);
+    s.mpi = std::make_unique<detail::MpiRmaTransport>(s.world_win, s.rank, s.size, s.options.mpi_signal_put);
   }
   s.uses_mpi = need_mpi;
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);

@@ -154,6 +154,11 @@ Options Options::from_env() {
     o.run_ahead = parse_u32(v, "UBEP_RUN_AHEAD");
     if (o.run_ahead == 0 || o.run_ahead > 64) bad("UBEP_RUN_AHEAD", v, "expected 1..64");
   }
+  if (const char* v = env("UBEP_MPI_SIGNAL")) {
+    const std::string t = trim(v);
+    if (t != "put" && t != "accumulate") bad("UBEP_MPI_SIGNAL", v, "expected put or accumulate");
+    o.mpi_signal_put = t == "put";
+  }
   return o;
 }
 
@@ -177,6 +182,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back("UBEP_TOPOLOGY_FILE=" + topology_file);
   out.push_back(std::string("UBEP_TOPOLOGY_PROBE=") + (topology_probe ? "1" : "0"));
   out.push_back("UBEP_RUN_AHEAD=" + std::to_string(run_ahead));
+  out.push_back(std::string("UBEP_MPI_SIGNAL=") + (mpi_signal_put ? "put" : "accumulate"));
   return out;
 }
 

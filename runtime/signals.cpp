@@ -41,7 +41,7 @@ void State::flush_pending_signals() {
   // accumulate_ordering, so earlier signals need no flush).
   std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before MPI signals (mixed routes)
   mpi->flush_data();
-  for (const PendingSignal& p : pending_signals) atomics->post_atomic(atomic_of(p.op), p.offset, p.value, p.pe);
+  for (const PendingSignal& p : pending_signals) atomics->post_signal(atomic_of(p.op), p.offset, p.value, p.pe);
   pending_signals.clear();
 }
 
@@ -172,8 +172,8 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
   if (bytes) data.put_nbi(off, src, bytes, pe);
   if (&data != s.atomics) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
   s.flush_pending_signals();  // keep signals to one word in program order
-  // post_atomic flushes the peer first when data is in flight, which also completes the put locally.
-  s.atomics->post_atomic(detail::atomic_of(op), soff, value, pe);
+  // post_signal flushes the peer first when data is in flight, which also completes the put locally.
+  s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
 }
 
 void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
@@ -185,7 +185,7 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
   const std::size_t soff = s.check_word("put_signal_nbi", sig);
   if (bytes) s.data_route(pe).put_nbi(off, src, bytes, pe);
   if (s.atomics == s.load_store.get()) {
-    s.atomics->post_atomic(detail::atomic_of(op), soff, value, pe);
+    s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
   } else {
     s.pending_signals.push_back({soff, value, op, pe});
   }
@@ -197,7 +197,7 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
   if (s.atomics == s.load_store.get()) {
-    s.atomics->post_atomic(detail::atomic_of(op), soff, value, pe);
+    s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
   } else {
     s.pending_signals.push_back({soff, value, op, pe});
   }

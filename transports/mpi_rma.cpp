@@ -11,8 +11,14 @@ namespace {
 constexpr std::size_t kChunk = std::size_t{1} << 30;
 }  // namespace
 
-MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks)
-    : win_(win), rank_(rank), dirty_(nranks, 0), data_dirty_(nranks, 0), fenced_(nranks, 0) {}
+MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put)
+    : win_(win),
+      rank_(rank),
+      dirty_(nranks, 0),
+      data_dirty_(nranks, 0),
+      fenced_(nranks, 0),
+      signal_put_(signal_put),
+      signal_words_(nranks) {}
 
 void MpiRmaTransport::before_op(int pe) {
   if (any_fenced_ && fenced_[pe]) flush(pe);
@@ -24,6 +30,24 @@ void MpiRmaTransport::mark(int pe, bool data) {
     dirty_list_.push_back(pe);
   }
   if (data) data_dirty_[pe] = 1;
+}
+
+void MpiRmaTransport::clear(int pe) {
+  dirty_[pe] = data_dirty_[pe] = fenced_[pe] = 0;
+  signal_words_[pe].clear();
+}
+
+const std::uint64_t* MpiRmaTransport::operand(std::uint64_t value) {
+  // Operands live until a flush; a stream of signals with no data in between must not grow them forever.
+  if (operands_.size() >= 4096) flush_all();
+  operands_.push_back(value);
+  return &operands_.back();
+}
+
+void MpiRmaTransport::after_signal_put(std::size_t offset, int pe) {
+  // MPI orders neither two puts nor a put and an accumulate to one word: flush the earlier signal put.
+  const std::vector<std::size_t>& words = signal_words_[pe];
+  if (std::find(words.begin(), words.end(), offset) != words.end()) flush(pe);
 }
 
 void MpiRmaTransport::issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
@@ -68,6 +92,7 @@ void MpiRmaTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, 
 
 std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand,
                                             std::uint64_t compare, int pe) {
+  after_signal_put(offset, pe);
   before_op(pe);
   std::uint64_t result = 0;
   const auto disp = static_cast<MPI_Aint>(offset);
@@ -98,14 +123,27 @@ std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std
 void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   // Release semantics: data still in flight to pe must land before the accumulate does.
   if (data_dirty_[pe]) flush(pe);
-  // Operands live until a flush; a stream of signals with no data in between must not grow them forever.
-  if (operands_.size() >= 4096) flush_all();
+  after_signal_put(offset, pe);
+  const std::uint64_t* value = this->operand(operand);
   before_op(pe);
-  operands_.push_back(operand);
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;
   UBEP_MPI_CHECK(rank_, "signal/atomic",
-                 MPI_Accumulate(&operands_.back(), 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T,
-                                mop, win_));
+                 MPI_Accumulate(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, mop, win_));
+  mark(pe, false);
+}
+
+void MpiRmaTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
+  if (op != AtomicOp::set || !signal_put_) return post_atomic(op, offset, operand, pe);
+  // A set signal as one 8-byte put: the flush below completes the data first, so the word changes only
+  // after the data is in place, without the remote lock osc ucx takes for every accumulate. The target
+  // reads the aligned word with an atomic load and sees the old or the new value.
+  if (data_dirty_[pe]) flush(pe);
+  after_signal_put(offset, pe);
+  const std::uint64_t* value = this->operand(operand);
+  before_op(pe);
+  UBEP_MPI_CHECK(rank_, "signal",
+                 MPI_Put(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, win_));
+  signal_words_[pe].push_back(offset);
   mark(pe, false);
 }
 
@@ -119,7 +157,7 @@ void MpiRmaTransport::fence() {
 void MpiRmaTransport::flush(int pe) {
   if (!dirty_[pe]) return;
   UBEP_MPI_CHECK(rank_, "flush", MPI_Win_flush(pe, win_));
-  dirty_[pe] = data_dirty_[pe] = fenced_[pe] = 0;
+  clear(pe);
   dirty_list_.erase(std::find(dirty_list_.begin(), dirty_list_.end(), pe));
   if (dirty_list_.empty()) {
     operands_.clear();
@@ -133,7 +171,7 @@ void MpiRmaTransport::flush_all() {
   // flush_all after thousands of puts to several peers sometimes returned before the puts to one peer
   // had landed (rma_test NonBlockingManyOutstandingThenQuiet, np4, forced mpi route: 1 run in 6).
   for (int pe : dirty_list_) UBEP_MPI_CHECK(rank_, "quiet", MPI_Win_flush(pe, win_));
-  for (int pe : dirty_list_) dirty_[pe] = data_dirty_[pe] = fenced_[pe] = 0;
+  for (int pe : dirty_list_) clear(pe);
   dirty_list_.clear();
   operands_.clear();
   any_fenced_ = false;

@@ -20,7 +20,8 @@ namespace ubep::detail {
 
 class MpiRmaTransport final : public Transport {
  public:
-  MpiRmaTransport(MPI_Win win, int rank, int nranks);
+  /// signal_put: SignalOp::set signals as 8-byte MPI_Put instead of MPI_Accumulate (UBEP_MPI_SIGNAL).
+  MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put);
   const char* name() const noexcept override { return "mpi"; }
   void put(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
   void put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
@@ -29,6 +30,7 @@ class MpiRmaTransport final : public Transport {
   std::uint64_t fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
                              int pe) override;
   void post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) override;
+  void post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) override;
   void fence() override;
   void flush(int pe) override;
   void flush_all() override;
@@ -41,6 +43,9 @@ class MpiRmaTransport final : public Transport {
  private:
   void before_op(int pe);  // applies a pending fence
   void mark(int pe, bool data);
+  void clear(int pe);
+  void after_signal_put(std::size_t offset, int pe);  // orders an update of a word behind a signal put
+  const std::uint64_t* operand(std::uint64_t value);  // an origin buffer alive until the next flush
   void issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe);
   void issue_get(void* dst, std::size_t offset, std::size_t bytes, int pe);
 
@@ -52,6 +57,8 @@ class MpiRmaTransport final : public Transport {
   std::vector<int> dirty_list_;
   bool any_fenced_ = false;
   std::deque<std::uint64_t> operands_;  // origin buffers of posted accumulates, alive until flush
+  bool signal_put_;
+  std::vector<std::vector<std::size_t>> signal_words_;  // per pe: words with a signal put in flight
 };
 
 }  // namespace ubep::detail

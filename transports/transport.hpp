@@ -27,6 +27,11 @@ class Transport {
   /// A non-fetching atomic (add, set) on an 8-byte word with release semantics: it becomes visible after
   /// every put to `pe` this rank completed (or ordered with fence) before it. Remote completion at flush.
   virtual void post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) = 0;
+  /// A signal update (add, set): post_atomic's ordering and completion; only other signals and waits
+  /// touch the word, so a transport may use a cheaper write than a general atomic.
+  virtual void post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
+    post_atomic(op, offset, operand, pe);
+  }
   /// Orders operations to each peer: those issued before are delivered before those issued after.
   virtual void fence() = 0;
   /// Remote completion of everything issued to `pe` (all peers).

@@ -111,8 +111,9 @@ class LayerBase {
   /// dispatch_send + dispatch_recv.
   [[nodiscard]] Handle dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                 std::span<const float> topk_weights, std::span<const float> scales = {});
-  /// The next local expert whose tokens are all in (waiting if none is yet), in completion order;
-  /// nullopt once every local expert was returned.
+  /// The next local expert whose tokens are all in (waiting if none is yet); nullopt once every local
+  /// expert was returned. ubep's Layer receives one region per source holding all of this rank's
+  /// experts, so its experts complete together, when the last source's region is in.
   virtual std::optional<int> next_expert(Handle& h) = 0;
   /// The tokens of local expert `local` (it must be complete: from next_expert or after dispatch_recv).
   ExpertTokens expert_tokens(const Handle& h, int local) const;
@@ -155,8 +156,9 @@ class LayerBase {
 /// ubep's dispatch/combine: one-sided, signal-synchronized, overlapped, topology-scheduled.
 class Layer final : public LayerBase {
  public:
-  /// Collective. Allocates the receive buffers from ctx's symmetric heap (UBEP_RUN_AHEAD sets of
-  /// [local experts x ranks x max_tokens_per_rank] tokens, plus combine buffers and signals); throws
+  /// Collective. Allocates the receive buffers from ctx's symmetric heap (UBEP_RUN_AHEAD sets of one
+  /// region per source, each max_tokens_per_rank x min(topk, local experts) tokens, plus combine buffers
+  /// and one signal per peer and direction: see heap_bytes()); throws
   /// OutOfHeap naming UBEP_HEAP_SIZE and the size needed, collective_mismatch when ranks disagree on the
   /// config. Peers are served in the order of the schedule `UBEP_SCHEDULE` (ctx.options().schedule).
   Layer(Context& ctx, const Config& config);

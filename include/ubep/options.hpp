@@ -54,6 +54,11 @@ struct Options {
   bool topology_probe = false;
   /// UBEP_RUN_AHEAD: how many MoE calls a rank may run ahead of the slowest peer (buffer sets). Default 2.
   std::uint32_t run_ahead = 2;
+  /// UBEP_MPI_SIGNAL: how a SignalOp::set signal travels on the mpi route. "put" (default): an 8-byte
+  /// MPI_Put issued after the flush that completes the data; "accumulate": MPI_Accumulate(MPI_REPLACE).
+  /// SignalOp::add is always MPI_Accumulate(MPI_SUM). Open MPI 4.1's osc ucx runs every accumulate under
+  /// a remote lock (two to three round trips); see README "Signals on the mpi route".
+  bool mpi_signal_put = true;
 
   /// Reads every UBEP_* variable once. Throws Errc::invalid_argument naming the variable and the value
   /// when one cannot be parsed.

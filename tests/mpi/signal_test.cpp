@@ -166,6 +166,30 @@ TEST(Signal, ManyWritersAddExactly) {
   ctx.finalize();
 }
 
+// Updates of one word from one origin land in program order, also when deferred and batched: a run of
+// `set` signals ends with the last value, and an `add` after a `set` adds to it (on the mpi route a set
+// may be an MPI_Put, which MPI orders with nothing unless ubep flushes in between).
+TEST(Signal, OneWordUpdatesKeepProgramOrder) {
+  Context ctx(MPI_COMM_WORLD, heap());
+  const int me = ctx.rank(), n = ctx.size(), right = (me + 1) % n;
+  auto sig = ctx.alloc_signals(2);
+  auto data = ctx.alloc<std::uint64_t>(1);
+  constexpr std::uint64_t kRounds = 200;
+  for (std::uint64_t round = 1; round <= kRounds; ++round) {
+    const std::uint64_t base = round * 1000;
+    for (std::uint64_t k = 1; k <= 8; ++k) ctx.signal_op(&sig[0], base + k, SignalOp::set, right);
+    ctx.put_signal_nbi(data.data(), &base, 8, &sig[0], base + 9, SignalOp::set, right);
+    ctx.signal_op(&sig[0], 1, SignalOp::add, right);
+    ctx.signal_op(&sig[1], round, SignalOp::set, right);  // "round done", after the word above
+    ctx.quiet();
+    const int w[] = {(me + n - 1) % n};
+    ctx.wait_until(&sig[1], Cmp::ge, round, {.writers = w});
+    ASSERT_EQ(ctx.signal_fetch(&sig[0]), base + 10) << "round " << round << ": updates of one word reordered";
+    ctx.barrier();  // nobody starts the next round before everyone has checked this one
+  }
+  ctx.finalize();
+}
+
 // Epoch protocol without resets: 100 000 rounds of "add 1, wait for the next epoch" around a ring.
 TEST(Signal, MonotonicEpochsWithoutReset) {
   Context ctx(MPI_COMM_WORLD, heap());

@@ -1,0 +1,80 @@
+// Options::from_env: every UBEP_* variable parses its documented values and rejects the rest with an
+// error naming the variable and the value.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "ubep/error.hpp"
+#include "ubep/options.hpp"
+
+namespace ubep {
+namespace {
+
+class Env {
+ public:
+  Env(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~Env() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  Env(const Env&) = delete;
+  Env& operator=(const Env&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string error_of(const char* name, const char* value) {
+  Env e(name, value);
+  try {
+    (void)Options::from_env();
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), Errc::invalid_argument);
+    return err.what();
+  }
+  return "(no error)";
+}
+
+TEST(Options, MpiSignal) {
+  {
+    Env e("UBEP_MPI_SIGNAL", "accumulate");
+    EXPECT_FALSE(Options::from_env().mpi_signal_put);
+  }
+  {
+    Env e("UBEP_MPI_SIGNAL", " put ");
+    EXPECT_TRUE(Options::from_env().mpi_signal_put);
+  }
+  unsetenv("UBEP_MPI_SIGNAL");
+  EXPECT_TRUE(Options::from_env().mpi_signal_put) << "the default is put";
+  const std::string what = error_of("UBEP_MPI_SIGNAL", "cas");
+  EXPECT_NE(what.find("UBEP_MPI_SIGNAL"), std::string::npos) << what;
+  EXPECT_NE(what.find("cas"), std::string::npos) << what;
+}
+
+TEST(Options, DescribeListsEveryVariable) {
+  Env e("UBEP_MPI_SIGNAL", "accumulate");
+  bool found = false;
+  for (const std::string& line : Options::from_env().describe()) found = found || line == "UBEP_MPI_SIGNAL=accumulate";
+  EXPECT_TRUE(found);
+}
+
+TEST(Options, RejectsBadValues) {
+  for (const auto& [name, value] : {std::pair{"UBEP_RUN_AHEAD", "0"}, std::pair{"UBEP_SCHEDULE", "random"},
+                                    std::pair{"UBEP_WAIT_TIMEOUT", "-1"}, std::pair{"UBEP_TRANSPORTS", "tcp"}}) {
+    const std::string what = error_of(name, value);
+    EXPECT_NE(what.find(name), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace ubep
