@@ -146,7 +146,7 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       ctx_.put_nbi(region, st, bytes, d);
       staged += bytes;
     }
-    ctx_.fence();  // the region above is delivered before the signal below
+    // signal_op is ordered after every earlier put of ours: the region is in place before the signal.
     ctx_.signal_op(&m.dsig[static_cast<std::size_t>(h.set) * P + rank_], tag(h.call) | rows, SignalOp::set, d);
   }
   // On the mpi route: one flush per peer (which also frees the staging), then every signal.
@@ -256,8 +256,7 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   }
   s.combined[local] = 1;
   if (++s.num_combined < experts) return;
-  // The last local expert: one signal to every source that sent us tokens, after all outputs.
-  ctx_.fence();
+  // The last local expert: one signal to every source that sent us tokens, ordered after all outputs.
   for (int src : m.schedule) {
     int c = 0;
     for (int le = 0; le < experts; ++le) c += s.recv_counts[le * P + src];

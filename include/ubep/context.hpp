@@ -226,8 +226,9 @@ class Context {
   /// latest by this rank's next quiet(), flush(pe), wait or test.
   void put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
                       SignalOp op, int pe);
-  /// A signal update alone, ordered after every earlier put to `pe` that was followed by fence()
-  /// or issued by put_signal. Delivered like put_signal_nbi's signal.
+  /// A signal update alone, ordered after every earlier put and put_nbi of this rank (to any peer, no
+  /// fence needed): on load/store it is a release store, on the mpi route it is held back and issued
+  /// after one flush per peer with data in flight. Delivered like put_signal_nbi's signal.
   void signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe);
   /// The current value of a local signal (an acquire load).
   std::uint64_t signal_fetch(const std::uint64_t* sig) const;
