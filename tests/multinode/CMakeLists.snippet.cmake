@@ -12,7 +12,7 @@ include_guard(GLOBAL)
 
 option(UBEP_MULTINODE_TESTS "Register tests across emulated nodes (needs root and ip netns)" ON)
 set(UBEP_MULTINODE_DIR ${CMAKE_CURRENT_LIST_DIR} CACHE INTERNAL "")
-set(UBEP_MULTINODE_ENABLED FALSE)
+set(UBEP_MULTINODE_ENABLED FALSE CACHE INTERNAL "")
 
 if(UBEP_MULTINODE_TESTS)
   execute_process(COMMAND id -u OUTPUT_VARIABLE _ubep_mn_uid OUTPUT_STRIP_TRAILING_WHITESPACE
@@ -28,7 +28,7 @@ if(UBEP_MULTINODE_TESTS)
     if(NOT _ubep_mn_rc EQUAL 0)
       message(STATUS "ubep: multinode tests not registered: 'ip netns' does not work here")
     else()
-      set(UBEP_MULTINODE_ENABLED TRUE)
+      set(UBEP_MULTINODE_ENABLED TRUE CACHE INTERNAL "")
     endif()
   endif()
 endif()

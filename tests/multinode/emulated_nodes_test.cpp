@@ -32,7 +32,7 @@ TEST(EmulatedNodes, TopologyAndRoutesSeeRealHosts) {
   ASSERT_EQ(n % nodes, 0);
   EXPECT_EQ(topo.num_nodes(), nodes);
   EXPECT_TRUE(topo.overrides().empty()) << "nothing may be emulated inside ubep here";
-  const auto node = [&](int r) { return r / per_node; };          // emulate.sh places ranks in blocks
+  const auto node = [&](int r) { return r / per_node; };              // emulate.sh places ranks in blocks
   const auto sw = [&](int r) { return node(r) * switches / nodes; };  // and nodes in contiguous switches
   for (int a = 0; a < n; ++a) {
     for (int b = 0; b < n; ++b) {

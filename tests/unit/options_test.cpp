@@ -1,5 +1,7 @@
 // Options::from_env: every UBEP_* variable parses its documented values and rejects the rest with an
 // error naming the variable and the value.
+#include "ubep/options.hpp"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -8,7 +10,6 @@
 #include <utility>
 
 #include "ubep/error.hpp"
-#include "ubep/options.hpp"
 
 namespace ubep {
 namespace {
