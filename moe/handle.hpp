@@ -36,6 +36,7 @@ struct HandleState {
   // Receive side, per local expert.
   std::vector<int> recv_counts;          // [max_local x ranks]: tokens of local expert le from source s
   std::vector<std::uint64_t> recv_meta;  // [max_local x ranks]: the source's combine offset for that batch
+  std::vector<std::uint64_t> want;       // [(max_local+1) x ranks]: dispatch-signal targets (ubep layer)
   std::vector<std::uint8_t> ready;       // local expert regrouped
   std::vector<std::uint8_t> returned;    // handed out by next_expert
   std::vector<std::uint8_t> combined;    // combine_send done
@@ -45,7 +46,7 @@ struct HandleState {
   bool released = false;
   // ubep layer: this call's outputs to mpi-route sources, staged until the flush after the last expert.
   std::vector<std::byte> out_stage;
-  std::size_t out_staged = 0;
+  std::size_t out_bytes = 0, out_staged = 0;  // its size (from the sources' headers), its use
   bool finished = false;
   // BSP baseline: received blocks and combine staging.
   std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;

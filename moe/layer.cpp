@@ -1,19 +1,19 @@
 // ubep's dispatch/combine. Per buffer set (UBEP_RUN_AHEAD sets; call c uses set c % S), one region per
-// (set, source) on every expert owner, and one signal per (set, peer) per direction:
+// (set, source) on every expert owner:
 //   dbuf  [S][ranks] regions   on the expert's owner; source s writes region (set, s): a header of two
 //                              words per local expert of the owner (token count, s's combine offset),
 //                              then the tokens, expert by expert
-//   dsig  [S][ranks]           (c+1) << 32 | tokens, set by source s after its whole region
+//   dsig  [S][max_local+1][ranks]  (c+1) << 32 | tokens, set by source s: over load/store one signal per
+//                              local expert (row le) as soon as its tokens are in, so the owner can start
+//                              that expert early; over mpi one signal (row max_local) after the region
 //   cbuf  [S][M * topk] outputs on the token's source, written by the expert owners
 //   csig  [S][ranks]           (c+1) << 32 | 1, set by owner d after the outputs of all its local experts
 //   rel   [ranks]              c+1: owner d has consumed everything of call c from us
-// Why one signal per peer and not one per (expert, peer): on the mpi route a signal is an MPI_Accumulate,
-// which Open MPI's osc ucx makes a remote lock, a put and an unlock (two to three round trips, each needing
-// the target to progress), and each extra flush is another round trip. A source sends all of an owner's
-// experts in one go anyway, so per-expert signals bought no earlier start, only 2 x local experts times as
-// many round trips (docs/MULTINODE.md, "Benchmarks across nodes", has the numbers). On the mpi route the
-// region goes out as one put from a staging copy, the outputs of each expert as one put per source from a
-// staging copy, and there is one flush per peer per direction.
+// Why one signal per peer over mpi: each signal and each flush there is an MPI call with a round trip over
+// the network (docs/MULTINODE.md, "Benchmarks across nodes", has the numbers), while over load/store a
+// signal is one store. On the mpi route the region goes out as one put from a staging copy, the outputs
+// of each expert as one put per source from a staging copy, and there is one flush per peer per direction.
+// Routes are symmetric (same node: load/store both ways), so the owner knows which row each source uses.
 // No collective, no barrier: a source writes call c into owner d's set only after d released call c-S.
 #include <algorithm>
 #include <cstring>
@@ -30,7 +30,8 @@ struct Layer::Impl {
   Symmetric<std::byte> dbuf, cbuf;
   Symmetric<std::uint64_t> dsig, csig, rel;
   std::vector<int> schedule;
-  std::vector<int> peers;                        // 0 .. ranks-1: the writer of dsig/csig entry i is rank i
+  std::vector<int> peers;                        // 0 .. ranks-1: the writer of csig entry i is rank i
+  std::vector<int> writers;                      // the writer of each dsig entry of a set: its column
   std::vector<std::byte> staging;                // dispatch regions to mpi-route peers (alive until flushed)
   std::vector<std::vector<std::byte>> out_pool;  // combine staging buffers, reused across calls
   std::size_t region = 0;                        // bytes of one (set, source) region
@@ -61,7 +62,9 @@ std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   const std::size_t P = ranks, S = run_ahead, M = c.max_tokens_per_rank;
   const Geometry g = geometry(c, map);
   // dbuf, cbuf, dsig, csig, rel (each allocation rounded up to 64 bytes), and slack for the allocator.
-  return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + 2 * up64(S * P * 8) + up64(P * 8) + 4096;
+  const std::size_t dsig = S * (static_cast<std::size_t>(map.max_local()) + 1) * P;
+  return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + up64(dsig * 8) + up64(S * P * 8) + up64(P * 8) +
+         4096;
 }
 
 Layer::Layer(Context& ctx, const Config& config)
@@ -81,13 +84,16 @@ Layer::Layer(Context& ctx, const Config& config)
   }
   impl_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
   impl_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
-  impl_->dsig = ctx.alloc_signals(S * P);
+  impl_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
   impl_->csig = ctx.alloc_signals(S * P);
   impl_->rel = ctx.alloc_signals(P);
   impl_->heap = need;
   impl_->schedule = ubep::schedule(ctx.topology(), rank_, parse_schedule(ctx.options().schedule));
   impl_->peers.resize(P);
   std::iota(impl_->peers.begin(), impl_->peers.end(), 0);
+  for (int row = 0; row <= map_.max_local(); ++row) {
+    impl_->writers.insert(impl_->writers.end(), impl_->peers.begin(), impl_->peers.end());
+  }
   for (int d = 0; d < size_; ++d) impl_->any_mpi = impl_->any_mpi || ctx.route(d) == Route::mpi;
   // One call's regions to all mpi-route peers: a header each, and at most M x topk tokens in all.
   if (impl_->any_mpi) impl_->staging.resize(P * g.header + M * config.topk * token_bytes_);
@@ -120,17 +126,24 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       rows += h.batch_tokens[b].size();
     }
     std::byte* region = m.dbuf.data() + (static_cast<std::size_t>(h.set) * P + rank_) * m.region;
+    // dsig entry (set, row, rank_) on d; signal_op is ordered after every earlier put of ours.
+    const auto signal = [&](std::size_t row, std::size_t count) {
+      ctx_.signal_op(&m.dsig[(h.set * (L + 1) + row) * P + rank_], tag(h.call) | count, SignalOp::set, d);
+    };
     const std::size_t header_bytes = 2 * static_cast<std::size_t>(local_d) * sizeof(std::uint64_t);
     if (ctx_.route(d) != Route::mpi) {
-      // Load/store: copy the header and each token straight into d's region.
+      // Load/store: copy the header, then each expert's tokens straight into d's region, and signal
+      // each expert as soon as its tokens are in.
       ctx_.put(region, header.data(), header_bytes, d);
       std::byte* row = region + m.header;
       for (int le = 0; le < local_d; ++le) {
-        for (int t : h.batch_tokens[static_cast<std::size_t>(d) * L + le]) {
+        const std::vector<int>& toks = h.batch_tokens[static_cast<std::size_t>(d) * L + le];
+        for (int t : toks) {
           ctx_.put(row, tokens.data() + t * payload, payload, d);
           if (scaled) ctx_.put(row + payload, &scales[t], 4, d);
           row += token_bytes_;
         }
+        signal(le, toks.size());
       }
     } else {
       // MPI: pack header and tokens into the staging copy of the region, then one put.
@@ -145,9 +158,8 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       const std::size_t bytes = m.header + rows * token_bytes_;
       ctx_.put_nbi(region, st, bytes, d);
       staged += bytes;
+      signal(L, rows);
     }
-    // signal_op is ordered after every earlier put of ours: the region is in place before the signal.
-    ctx_.signal_op(&m.dsig[static_cast<std::size_t>(h.set) * P + rank_], tag(h.call) | rows, SignalOp::set, d);
   }
   // On the mpi route: one flush per peer (which also frees the staging), then every signal.
   ctx_.progress();
@@ -160,20 +172,42 @@ std::optional<int> Layer::next_expert(Handle& h) {
   const int local = local_experts();
   release_if_done(s);  // a rank without experts releases at once
   if (s.num_returned == local) return std::nullopt;
-  if (s.num_ready == 0) {
-    // Every source's region of this call (each source signals once, after all our experts' tokens).
-    const std::size_t P = size_;
-    const std::string what = "moe dispatch regions of call " + std::to_string(s.call);
-    ctx_.wait_until_all({&m.dsig[static_cast<std::size_t>(s.set) * P], P}, Cmp::ge, tag(s.call),
-                        {.writers = m.peers, .what = what.c_str()});
-    const auto region = [&](std::size_t src) {
-      return m.dbuf.data() + (static_cast<std::size_t>(s.set) * P + src) * m.region;
-    };
-    std::vector<std::size_t> first(P, 0);  // per source: the first row of expert le in its region
-    const std::size_t capacity = (m.region - m.header) / token_bytes_;
+  const std::size_t L = map_.max_local(), P = size_;
+  const std::span<const std::uint64_t> sigs(&m.dsig[s.set * (L + 1) * P], (L + 1) * P);
+  // The dsig row that covers expert le from src: its own row over load/store, the region row over mpi.
+  const auto row = [&](std::size_t le, std::size_t src) {
+    return ctx_.route(static_cast<int>(src)) == Route::mpi ? L : le;
+  };
+  // Targets: tag(call) while awaited, kSignalIgnored (left out of the wait) when not awaited or already seen.
+  if (s.want.empty()) {
+    s.want.assign((L + 1) * P, kSignalIgnored);
+    for (std::size_t src = 0; src < P; ++src) {
+      for (int le = 0; le < local; ++le) s.want[row(le, src) * P + src] = tag(s.call);
+    }
+  }
+  const auto region = [&](std::size_t src) { return m.dbuf.data() + (s.set * P + src) * m.region; };
+  const std::size_t capacity = (m.region - m.header) / token_bytes_;
+  for (;;) {
     for (int le = 0; le < local; ++le) {
+      if (!s.ready[le] || s.returned[le]) continue;
+      s.returned[le] = 1;
+      ++s.num_returned;
+      return le;
+    }
+    // Regroup the first expert whose signals have all been seen, and hand it out at once: its tokens from
+    // each source's region, where they follow the source's earlier experts. One at a time, so that the
+    // copy of the next expert overlaps the caller's work on this one and the data is hot when it runs
+    // (regrouping all ready experts first made the layer 7 % slower on one node).
+    bool regrouped = false;
+    for (int le = 0; le < local; ++le) {
+      if (s.ready[le]) continue;
+      bool complete = true;
+      for (std::size_t src = 0; src < P && complete; ++src) complete = s.want[row(le, src) * P + src] == kSignalIgnored;
+      if (!complete) continue;
+      std::vector<std::size_t> first(P, 0);
       for (std::size_t src = 0; src < P; ++src) {
         const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
+        for (int e = 0; e < le; ++e) first[src] += header[2 * e];
         s.recv_counts[le * P + src] = static_cast<int>(header[2 * le]);
         s.recv_meta[le * P + src] = header[2 * le + 1];
         if (first[src] + header[2 * le] > capacity) {
@@ -182,18 +216,28 @@ std::optional<int> Layer::next_expert(Handle& h) {
                                           " claims more tokens than it can hold");
         }
       }
+      if (s.num_ready == 0) {
+        // Outputs to mpi-route sources are staged in combine_send: size it now, while every such
+        // source's header is here (its one signal covers all our experts) and its set not yet released.
+        for (std::size_t src = 0; src < P; ++src) {
+          if (row(0, src) != L) continue;
+          const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
+          for (int e = 0; e < local; ++e) s.out_bytes += header[2 * e] * out_token_bytes_;
+        }
+      }
       regroup(s, le, [&](int src) { return region(src) + m.header + first[src] * token_bytes_; });
-      for (std::size_t src = 0; src < P; ++src) first[src] += static_cast<std::size_t>(s.recv_counts[le * P + src]);
+      regrouped = true;
+      break;
     }
-    release_if_done(s);
+    if (regrouped) {
+      release_if_done(s);
+      continue;
+    }
+    const std::string what = "moe dispatch of call " + std::to_string(s.call);
+    for (std::size_t i : ctx_.wait_until_some(sigs, Cmp::ge, s.want, {.writers = m.writers, .what = what.c_str()})) {
+      s.want[i] = kSignalIgnored;
+    }
   }
-  for (int le = 0; le < local; ++le) {
-    if (s.returned[le]) continue;
-    s.returned[le] = 1;
-    ++s.num_returned;
-    return le;
-  }
-  return std::nullopt;
 }
 
 void Layer::release_if_done(HandleState& s) {
@@ -222,19 +266,13 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   Impl& m = *impl_;
   const std::size_t P = size_, Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
   const int experts = local_experts();
-  if (m.any_mpi && s.out_stage.empty()) {
+  if (s.out_bytes && s.out_stage.empty()) {
     // Staging for this call's outputs to mpi-route sources, freed by the flush after the last expert.
-    std::size_t bytes = 0;
-    for (int le = 0; le < experts; ++le) {
-      for (std::size_t src = 0; src < P; ++src) {
-        if (ctx_.route(static_cast<int>(src)) == Route::mpi) bytes += s.recv_counts[le * P + src] * out_token_bytes_;
-      }
-    }
     if (!m.out_pool.empty()) {
       s.out_stage.swap(m.out_pool.back());
       m.out_pool.pop_back();
     }
-    s.out_stage.resize(std::max<std::size_t>(bytes, 1));
+    s.out_stage.resize(s.out_bytes);
     s.out_staged = 0;
   }
   // Rows of `outputs` are in source order (regroup order); send each source its block.
@@ -248,6 +286,10 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
     if (ctx_.route(src) != Route::mpi) {
       ctx_.put(dest, rows, c * out_token_bytes_, src);
     } else {
+      if (s.out_staged + c * out_token_bytes_ > s.out_stage.size()) {
+        throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": combine_send: outputs for rank " +
+                                        std::to_string(src) + " exceed the staging sized from its header");
+      }
       std::byte* st = s.out_stage.data() + s.out_staged;
       std::memcpy(st, rows, c * out_token_bytes_);
       ctx_.put_nbi(dest, st, c * out_token_bytes_, src);

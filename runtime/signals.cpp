@@ -63,6 +63,11 @@ struct Targets {
   std::uint64_t one = 0;
   std::span<const std::uint64_t> per;
   std::uint64_t at(std::size_t i) const { return per.empty() ? one : per[i]; }
+  /// Left out of the wait (kSignalIgnored, per-signal values only).
+  bool ignored(std::size_t i) const { return !per.empty() && per[i] == kSignalIgnored; }
+  std::size_t awaited(std::size_t n) const {
+    return per.empty() ? n : n - static_cast<std::size_t>(std::count(per.begin(), per.end(), kSignalIgnored));
+  }
 };
 
 enum class Mode { all, any, some };
@@ -87,12 +92,12 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
   std::ostringstream msg;
   msg << "timeout after " << seconds << " s (UBEP_WAIT_TIMEOUT or WaitOptions::timeout)";
   if (opts.what) msg << " waiting for " << opts.what;
-  msg << "; condition: " << (mode == Mode::all ? "all of" : "any of") << " " << sigs.size() << " signal(s) ";
+  msg << "; condition: " << (mode == Mode::all ? "all of" : "any of") << " " << t.awaited(sigs.size()) << " signal(s) ";
   std::size_t shown = 0, unsatisfied = 0;
   std::vector<int> missing;
   for (std::size_t i = 0; i < sigs.size(); ++i) {
     const std::uint64_t v = load(&sigs[i]);
-    if (compare(v, cmp, t.at(i))) continue;
+    if (t.ignored(i) || compare(v, cmp, t.at(i))) continue;
     ++unsatisfied;
     int writer = -1;
     if (opts.writers.size() == 1) writer = opts.writers[0];
@@ -106,7 +111,7 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
     }
   }
   if (shown > 16) msg << "\n  ... and " << (shown - 16) << " more";
-  msg << "\n  " << unsatisfied << " of " << sigs.size() << " unsatisfied";
+  msg << "\n  " << unsatisfied << " of " << t.awaited(sigs.size()) << " unsatisfied";
   if (!missing.empty()) {
     msg << "; peers that have not written: rank";
     for (int w : missing) msg << " " << w;
@@ -119,7 +124,7 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
 std::vector<std::size_t> satisfied(std::span<const std::uint64_t> sigs, Cmp cmp, const Targets& t) {
   std::vector<std::size_t> out;
   for (std::size_t i = 0; i < sigs.size(); ++i) {
-    if (compare(load(&sigs[i]), cmp, t.at(i))) out.push_back(i);
+    if (!t.ignored(i) && compare(load(&sigs[i]), cmp, t.at(i))) out.push_back(i);
   }
   return out;
 }
@@ -128,14 +133,16 @@ std::vector<std::size_t> satisfied(std::span<const std::uint64_t> sigs, Cmp cmp,
 std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const std::uint64_t> sigs, Cmp cmp,
                                    const Targets& t, const WaitOptions& opts, Mode mode) {
   check_signals(s, call, sigs, t, opts);
+  const std::size_t awaited = t.awaited(sigs.size());
   const auto ready = [&](std::vector<std::size_t>& out) {
     out = satisfied(sigs, cmp, t);
-    return mode == Mode::all ? out.size() == sigs.size() : !out.empty();
+    return mode == Mode::all ? out.size() == awaited : !out.empty();
   };
   std::vector<std::size_t> out;
-  if (sigs.empty()) {
+  if (awaited == 0) {
     if (mode == Mode::all) return out;
-    s.fail(Errc::invalid_argument, call, "waiting for any of an empty set of signals would never return");
+    s.fail(Errc::invalid_argument, call,
+           "waiting for any of an empty set of signals (or all kSignalIgnored) would never return");
   }
   if (ready(out)) return out;
   s.flush_pending_signals();  // our own deferred signals may be what a peer waits for before answering

@@ -58,6 +58,10 @@ enum class Cmp : std::uint8_t { eq, ne, gt, ge, lt, le };
 const char* to_string(SignalOp op) noexcept;
 const char* to_string(Cmp cmp) noexcept;
 
+/// In the per-signal value forms of wait_until_all/any/some, a value of kSignalIgnored leaves that signal
+/// out of the wait: it is neither required (all) nor returned (any, some), nor named in a timeout report.
+inline constexpr std::uint64_t kSignalIgnored = ~std::uint64_t{0};
+
 /// Per-call settings of a wait.
 struct WaitOptions {
   /// Deadline for this wait; unset = Options::wait_timeout (UBEP_WAIT_TIMEOUT).

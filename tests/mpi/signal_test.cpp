@@ -134,6 +134,23 @@ TEST(Signal, ComparisonsReturnValuesAndSets) {
   ctx.wait_until_all(all, Cmp::eq, want);
   EXPECT_EQ(ctx.wait_until_any(all, Cmp::ge, want), 0u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(ctx.signal_fetch(&sigs[i]), want[i]);
+  // kSignalIgnored leaves a signal out: not required by all, never returned by some, not in the report.
+  constexpr std::uint64_t X = kSignalIgnored;
+  const std::uint64_t half[] = {110, X, 120, X};
+  ctx.wait_until_all(all, Cmp::eq, half);
+  const std::uint64_t odd[] = {X, 0, X, 0};
+  EXPECT_EQ(ctx.wait_until_some(all, Cmp::ge, odd), (std::vector<std::size_t>{1, 3}));
+  const std::uint64_t one[] = {X, 999, X, X};
+  expect_error(Errc::timeout,
+               [&] { (void)ctx.wait_until_any(all, Cmp::ge, one, {.timeout = std::chrono::milliseconds(200)}); },
+               {"signal[1]", "1 of 1 unsatisfied"});
+  try {
+    (void)ctx.wait_until_any(all, Cmp::ge, one, {.timeout = std::chrono::milliseconds(50)});
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("signal[0]"), std::string::npos) << e.what();
+  }
+  const std::uint64_t none[] = {X, X, X, X};
+  expect_error(Errc::invalid_argument, [&] { (void)ctx.wait_until_some(all, Cmp::ge, none); }, {"empty set"});
   // Bad sets are errors, not hangs.
   const std::uint64_t three[] = {1, 2, 3};
   expect_error(Errc::invalid_argument, [&] { ctx.wait_until_all(all, Cmp::eq, three); },
