@@ -111,9 +111,9 @@ class LayerBase {
   /// dispatch_send + dispatch_recv.
   [[nodiscard]] Handle dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                 std::span<const float> topk_weights, std::span<const float> scales = {});
-  /// The next local expert whose tokens are all in (waiting if none is yet); nullopt once every local
-  /// expert was returned. ubep's Layer receives one region per source holding all of this rank's
-  /// experts, so its experts complete together, when the last source's region is in.
+  /// The next local expert whose tokens are all in (waiting if none is yet), in completion order;
+  /// nullopt once every local expert was returned. In ubep's Layer an expert completes when every source
+  /// on the node has signalled that expert and every off-node source its whole region.
   virtual std::optional<int> next_expert(Handle& h) = 0;
   /// The tokens of local expert `local` (it must be complete: from next_expert or after dispatch_recv).
   ExpertTokens expert_tokens(const Handle& h, int local) const;
