@@ -72,6 +72,9 @@ function(ubep_add_multinode_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 240)
   endif()
+  if(UBEP_MULTINODE_MPI STREQUAL "mpich" AND ARG_TIMEOUT GREATER 180)
+    set(ARG_TIMEOUT 180)  # the suites take under 30 s with MPICH; a hang in MPI_Finalize (below) waits this long
+  endif()
   # emulate.sh kills the job and removes its namespaces before CTest would SIGKILL it (which no trap sees).
   math(EXPR _inner "${ARG_TIMEOUT} - 15")
   if(_inner LESS 10)
@@ -88,5 +91,12 @@ function(ubep_add_multinode_test name)
     ENVIRONMENT "${_env}")
   if(ARG_SERIAL)
     set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+  if(UBEP_MULTINODE_MPI STREQUAL "mpich")
+    # MPICH 4.0.2 sometimes hangs in MPI_Finalize across nodes after every rank passed (pmodels/mpich#6596,
+    # fixed in 4.2; docs/MULTINODE.md "Known problems"): judge the run by the verdict line that
+    # tests/mpi/mpi_main.cpp prints before MPI_Finalize, not by the exit status of the killed job.
+    set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "all ranks passed"
+                                            FAIL_REGULAR_EXPRESSION "FAILED on at least one rank;\\[  FAILED  \\]")
   endif()
 endfunction()
