@@ -37,7 +37,6 @@ struct Layer::Impl {
   std::size_t region = 0;                        // bytes of one (set, source) region
   std::size_t header = 0;                        // bytes of its header
   std::size_t heap = 0;
-  bool any_mpi = false;  // some peer is reached through the mpi route
 };
 
 namespace {
@@ -94,9 +93,10 @@ Layer::Layer(Context& ctx, const Config& config)
   for (int row = 0; row <= map_.max_local(); ++row) {
     impl_->writers.insert(impl_->writers.end(), impl_->peers.begin(), impl_->peers.end());
   }
-  for (int d = 0; d < size_; ++d) impl_->any_mpi = impl_->any_mpi || ctx.route(d) == Route::mpi;
+  bool any_mpi = false;
+  for (int d = 0; d < size_; ++d) any_mpi = any_mpi || ctx.route(d) == Route::mpi;
   // One call's regions to all mpi-route peers: a header each, and at most M x topk tokens in all.
-  if (impl_->any_mpi) impl_->staging.resize(P * g.header + M * config.topk * token_bytes_);
+  if (any_mpi) impl_->staging.resize(P * g.header + M * config.topk * token_bytes_);
 }
 
 Layer::~Layer() = default;
@@ -220,7 +220,7 @@ std::optional<int> Layer::next_expert(Handle& h) {
         // Outputs to mpi-route sources are staged in combine_send: size it now, while every such
         // source's header is here (its one signal covers all our experts) and its set not yet released.
         for (std::size_t src = 0; src < P; ++src) {
-          if (row(0, src) != L) continue;
+          if (ctx_.route(static_cast<int>(src)) != Route::mpi) continue;
           const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
           for (int e = 0; e < local; ++e) s.out_bytes += header[2 * e] * out_token_bytes_;
         }

@@ -50,6 +50,15 @@ void MpiRmaTransport::after_signal_put(std::size_t offset, int pe) {
   if (std::find(words.begin(), words.end(), offset) != words.end()) flush(pe);
 }
 
+const std::uint64_t* MpiRmaTransport::prepare_word_update(std::size_t offset, std::uint64_t value, int pe) {
+  // Release semantics: data still in flight to pe must land before the word changes.
+  if (data_dirty_[pe]) flush(pe);
+  after_signal_put(offset, pe);
+  const std::uint64_t* origin = operand(value);
+  before_op(pe);
+  return origin;
+}
+
 void MpiRmaTransport::issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
   before_op(pe);
   const char* p = static_cast<const char*>(src);
@@ -121,11 +130,7 @@ std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std
 }
 
 void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
-  // Release semantics: data still in flight to pe must land before the accumulate does.
-  if (data_dirty_[pe]) flush(pe);
-  after_signal_put(offset, pe);
-  const std::uint64_t* value = this->operand(operand);
-  before_op(pe);
+  const std::uint64_t* value = prepare_word_update(offset, operand, pe);
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;
   UBEP_MPI_CHECK(rank_, "signal/atomic",
                  MPI_Accumulate(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, mop, win_));
@@ -134,13 +139,10 @@ void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t
 
 void MpiRmaTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   if (op != AtomicOp::set || !signal_put_) return post_atomic(op, offset, operand, pe);
-  // A set signal as one 8-byte put: the flush below completes the data first, so the word changes only
-  // after the data is in place, without the remote lock osc ucx takes for every accumulate. The target
-  // reads the aligned word with an atomic load and sees the old or the new value.
-  if (data_dirty_[pe]) flush(pe);
-  after_signal_put(offset, pe);
-  const std::uint64_t* value = this->operand(operand);
-  before_op(pe);
+  // A set signal as one 8-byte put: prepare_word_update completes the data first, so the word changes
+  // only after the data is in place, without the remote lock osc ucx takes for every accumulate. The
+  // target reads the aligned word with an atomic load and sees the old or the new value.
+  const std::uint64_t* value = prepare_word_update(offset, operand, pe);
   UBEP_MPI_CHECK(rank_, "signal",
                  MPI_Put(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, win_));
   signal_words_[pe].push_back(offset);

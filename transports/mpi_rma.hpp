@@ -46,6 +46,9 @@ class MpiRmaTransport final : public Transport {
   void clear(int pe);
   void after_signal_put(std::size_t offset, int pe);  // orders an update of a word behind a signal put
   const std::uint64_t* operand(std::uint64_t value);  // an origin buffer alive until the next flush
+  /// Before an accumulate or signal put on one word: completes the data to pe and earlier updates of the
+  /// word, applies a pending fence, and returns the origin buffer holding `value`.
+  const std::uint64_t* prepare_word_update(std::size_t offset, std::uint64_t value, int pe);
   void issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe);
   void issue_get(void* dst, std::size_t offset, std::size_t bytes, int pe);
 
