@@ -3,7 +3,10 @@
 // or with different arguments all learn it and throw, and ranks that never arrive produce a timeout
 // instead of a hang. The record carries each value and its negation, so one MAX gives min and max.
 #include <array>
+#include <memory>
+#include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "runtime/mpi_check.hpp"
 #include "runtime/poll.hpp"
@@ -48,22 +51,46 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
 void State::collective(const char* call, CollKind kind, std::initializer_list<std::int64_t> args,
                        std::initializer_list<const char*> names) {
   constexpr int kFields = 8;
-  if (broken) fail(Errc::internal, call, "an earlier collective timed out; this context can no longer synchronize");
-  if (args.size() > kFields - 2) fail(Errc::internal, call, "too many collective arguments");
+  // Both are the caller's situation, not a bug in ubep: a peer that never joined an earlier collective
+  // (its request is still pending inside MPI), or more values than one record carries.
+  if (broken) {
+    fail(Errc::timeout, call,
+         "an earlier collective of this context timed out (a peer never joined it); the context can no longer "
+         "run collectives: finalize() cannot complete either, end the job");
+  }
+  if (args.size() > kFields - 2) {
+    fail(Errc::invalid_argument, call,
+         std::to_string(args.size()) + " values to agree on; at most " + std::to_string(kFields - 2) + " per call");
+  }
   std::array<std::int64_t, kFields> mine{};
   mine[0] = static_cast<std::int64_t>(kind);
   mine[1] = static_cast<std::int64_t>(++collective_seq);
   std::size_t i = 2;
   for (std::int64_t a : args) mine[i++] = a;
-  std::array<std::int64_t, 2 * kFields> send{}, recv{};
+  // The buffers live on the heap: when the wait times out the request stays pending inside MPI, and a
+  // rank that arrives later completes it, so MPI may still write them; they are then left allocated.
+  auto buffers = std::make_unique<std::array<std::int64_t, 4 * kFields>>();
+  std::int64_t* send = buffers->data();
+  std::int64_t* recv = send + 2 * kFields;
   for (int f = 0; f < kFields; ++f) {
     send[f] = mine[f];
     send[kFields + f] = -mine[f];
+    recv[f] = recv[kFields + f] = 0;
   }
   MPI_Request req = MPI_REQUEST_NULL;
-  UBEP_MPI_CHECK(rank, call, MPI_Iallreduce(send.data(), recv.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &req));
+  UBEP_MPI_CHECK(rank, call, MPI_Iallreduce(send, recv, 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &req));
   const std::string what = std::string("collective ") + to_string(kind) + " #" + std::to_string(mine[1]);
-  wait_request(call, req, what.c_str());
+  try {
+    wait_request(call, req, what.c_str());
+  } catch (...) {
+    if (req != MPI_REQUEST_NULL) {  // MPI still owns them: keep them for the life of the process
+      static std::mutex lock;
+      static std::vector<std::unique_ptr<std::array<std::int64_t, 4 * kFields>>> abandoned;
+      const std::lock_guard<std::mutex> hold(lock);
+      abandoned.push_back(std::move(buffers));
+    }
+    throw;
+  }
 
   bool agree = true;
   for (int f = 0; f < kFields; ++f) agree = agree && recv[f] == -recv[kFields + f];

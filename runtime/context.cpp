@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <fstream>
 #include <functional>
 #include <sstream>
 
@@ -64,9 +66,15 @@ std::size_t State::prepare_atomic(const char* call, const void* addr, int pe) {
 
 bool State::release(std::size_t offset) noexcept { return heap.release(offset); }
 
-void State::teardown() noexcept {
+void State::stop_progress_thread() noexcept {
   progress_stop = true;
   if (progress_thread.joinable()) progress_thread.join();
+}
+
+State::~State() { stop_progress_thread(); }
+
+void State::teardown() noexcept {
+  stop_progress_thread();
   if (world_win != MPI_WIN_NULL) {
     MPI_Win_unlock_all(world_win);
     MPI_Win_free(&world_win);
@@ -121,6 +129,15 @@ std::int64_t hash_text(const std::string& s) {
   return static_cast<std::int64_t>(std::hash<std::string>{}(s)&0x3fffffffffffffffULL);
 }
 
+std::int64_t topology_file_hash(const std::string& path) {
+  if (path.empty()) return 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return -1;
+  std::stringstream text;
+  text << in.rdbuf();
+  return hash_text(text.str()) | 1;  // never 0 (unset) or -1
+}
+
 void set_errors_return(State& s, MPI_Comm c) {
   UBEP_MPI_CHECK(s.rank, "Context()", MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
 }
@@ -150,6 +167,15 @@ void build(State& s, MPI_Comm user_comm) {
                {static_cast<std::int64_t>(s.heap_size), hash_text(transports), hash_text(s.options.virtual_nodes)},
                {"UBEP_HEAP_SIZE", "hash(UBEP_TRANSPORTS)", "hash(UBEP_VIRTUAL_NODES)"});
 
+  // Settings that change collective behaviour must agree too: a topology file on some ranks only is a
+  // broadcast that the others never join; a progress thread is a communicator dup; the probe is a
+  // ping-pong; signal kinds would mix protocols on one word. Unset or unreadable file: 0 / -1.
+  s.collective(call, detail::CollKind::create,
+               {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0,
+                s.options.progress_thread ? 1 : 0, s.options.mpi_signal_put ? 1 : 0},
+               {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
+                "UBEP_MPI_SIGNAL=put"});
+
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
   MPI_Comm shared = MPI_COMM_NULL;
   UBEP_MPI_CHECK(s.rank, call, MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &shared));
@@ -170,8 +196,12 @@ void build(State& s, MPI_Comm user_comm) {
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   MPI_Info_set(info, "same_disp_unit", "true");
-  const int rc =
-      MPI_Win_allocate_shared(static_cast<MPI_Aint>(s.heap_size), 1, info, s.node_comm, &s.base, &s.node_win);
+  // MPI returns a segment that is not even 64-byte aligned (a header precedes it), so every rank
+  // allocates kHeapAlign more and starts its heap at the first aligned byte; node peers learn each
+  // other's padding, and the world window starts at the aligned base, so displacements stay offsets.
+  char* raw = nullptr;
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(s.heap_size + detail::kHeapAlign), 1, info, s.node_comm,
+                                         &raw, &s.node_win);
   MPI_Info_free(&info);
   if (rc != MPI_SUCCESS) {
     throw OutOfHeap(s.prefix(call) + "could not allocate the " + std::to_string(s.heap_size) +
@@ -179,13 +209,18 @@ void build(State& s, MPI_Comm user_comm) {
   }
   UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.node_win, MPI_ERRORS_RETURN));
   UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.node_win));
+  const auto raw_addr = reinterpret_cast<std::uintptr_t>(raw);
+  int pad = static_cast<int>((detail::kHeapAlign - raw_addr % detail::kHeapAlign) % detail::kHeapAlign);
+  s.base = raw + pad;
+  std::vector<int> pads(node_size, 0);
+  UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&pad, 1, MPI_INT, pads.data(), 1, MPI_INT, s.node_comm));
   std::vector<char*> bases(s.size, nullptr);
   for (int i = 0; i < node_size; ++i) {
     MPI_Aint sz = 0;
     int disp = 0;
     char* ptr = nullptr;
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_shared_query(s.node_win, i, &sz, &disp, &ptr));
-    bases[s.node_ranks[i]] = ptr;
+    bases[s.node_ranks[i]] = ptr + pads[i];
   }
 
   // The route table: the cheapest allowed transport that reaches each peer.
@@ -219,7 +254,10 @@ void build(State& s, MPI_Comm user_comm) {
     MPI_Info_free(&winfo);
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.world_win, MPI_ERRORS_RETURN));
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.world_win));
-    s.mpi = std::make_unique<detail::MpiRmaTransport>(s.world_win, s.rank, s.size, s.options.mpi_signal_put);
+    // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE.
+    s.mpi = std::make_unique<detail::MpiRmaTransport>(s.world_win, s.rank, s.size, s.options.mpi_signal_put,
+                                                      s.thread_level == MPI_THREAD_MULTIPLE, s.options.wait_timeout,
+                                                      s.options.poll);
   }
   s.uses_mpi = need_mpi;
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
@@ -271,18 +309,27 @@ Context& Context::operator=(Context&&) noexcept = default;
 
 Context::~Context() {
   if (!state_ || state_->finalized) return;
-  try {
-    finalize();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ubep: rank %d: ~Context: finalize failed: %s\n", state_->rank, e.what());
-  }
+  // Never communicates (it may run while an exception unwinds and peers are gone): the progress thread
+  // stops, the context and its objects become unusable, and the MPI windows and communicators are
+  // left to MPI_Finalize, since freeing them is collective.
+  state_->stop_progress_thread();
+  state_->finalized = true;
+  std::fprintf(stderr,
+               "ubep: rank %d: ~Context: the context was not finalized (call finalize() on every rank); "
+               "released local resources only%s\n",
+               state_->rank, std::uncaught_exceptions() ? " while an exception unwinds" : "");
 }
 
 void Context::finalize() {
   State& s = *state_;
   s.check_alive("finalize");
-  s.quiet();
-  s.collective("finalize", detail::CollKind::finalize, {});
+  try {
+    s.quiet();
+    s.collective("finalize", detail::CollKind::finalize, {});
+  } catch (...) {
+    s.stop_progress_thread();  // the context stays usable for another finalize(); the thread never outlives it
+    throw;
+  }
   s.teardown();
   s.finalized = true;
   if (s.owns_mpi) {
@@ -322,6 +369,15 @@ void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t
   }
   const std::size_t bytes = count * elem_size;
   align = std::max<std::size_t>(align, 64);
+  if (align > detail::kHeapAlign) {
+    s.fail(Errc::invalid_argument, "alloc",
+           "alignment " + std::to_string(align) + " exceeds the heap's alignment of " +
+               std::to_string(detail::kHeapAlign) + " bytes");
+  }
+  // A block freed earlier (Symmetric's destructor releases locally) may be handed out again below:
+  // every rank completes its own operations before the collective, so none of them can land in the
+  // new object (puts or gets aimed at the old one).
+  s.quiet();
   std::optional<std::size_t> off;
   if (bytes) off = s.heap.allocate(bytes, align);
   const std::int64_t where = bytes == 0 ? -2 : (off ? static_cast<std::int64_t>(*off) : -1);
@@ -403,6 +459,9 @@ void Context::get_nbi(void* dest, const void* src, std::size_t bytes, int pe) {
 void Context::fence() {
   State& s = *state_;
   s.check_alive("fence");
+  // Deferred signals were issued before the fence in program order: they go out now, so nothing issued
+  // after the fence (a put that overwrites their data) can overtake them.
+  s.flush_pending_signals();
   s.load_store->fence();
   if (s.mpi) s.mpi->fence();
 }

@@ -34,8 +34,7 @@ std::uint64_t load(const std::uint64_t* sig) {
 }
 }  // namespace
 
-void State::flush_pending_signals() {
-  if (pending_signals.empty()) return;
+void State::issue_pending_signals() {
   // One flush per peer with data in flight makes every put remotely complete; then the signals go out
   // without further flushes (accumulates from one origin are ordered by MPI's default
   // accumulate_ordering, so earlier signals need no flush).
@@ -82,6 +81,14 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
   if (!opts.writers.empty() && opts.writers.size() != 1 && opts.writers.size() != sigs.size()) {
     s.fail(Errc::invalid_argument, call,
            std::to_string(opts.writers.size()) + " writers given for " + std::to_string(sigs.size()) + " signals");
+  }
+  for (std::size_t i = 0; i < opts.writers.size(); ++i) {
+    const int w = opts.writers[i];
+    if (w < -1 || w >= s.size) {
+      s.fail(Errc::out_of_range, call,
+             "WaitOptions::writers[" + std::to_string(i) + "] = " + std::to_string(w) + " is not a rank in [0, " +
+                 std::to_string(s.size) + ") (or -1 for unknown)");
+    }
   }
   if (!sigs.empty()) s.check_range(call, sigs.data(), sigs.size_bytes());
   if (reinterpret_cast<std::uintptr_t>(sigs.data()) % 8 != 0) s.check_word(call, sigs.data());
@@ -144,8 +151,14 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
     s.fail(Errc::invalid_argument, call,
            "waiting for any of an empty set of signals (or all kSignalIgnored) would never return");
   }
-  if (ready(out)) return out;
-  s.flush_pending_signals();  // our own deferred signals may be what a peer waits for before answering
+  // Our own deferred signals may be what a peer waits for before answering; they go out even when the
+  // condition already holds (the promise is "by the next wait", and a rank that then computes would
+  // starve its peer).
+  s.flush_pending_signals();
+  if (ready(out)) {
+    if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
+    return out;
+  }
   const double timeout = (opts.timeout ? *opts.timeout : s.options.wait_timeout).count();
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff(s.options.poll);
@@ -220,7 +233,12 @@ std::uint64_t Context::wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64
   std::span<const std::uint64_t> one(sig, 1);
   state_->check_alive("wait_until");
   state_->check_word("wait_until", sig);
-  if (const std::uint64_t v = detail::load(sig); compare(v, cmp, value)) return v;  // no allocation, no clock
+  State& s = *state_;
+  s.flush_pending_signals();
+  if (const std::uint64_t v = detail::load(sig); compare(v, cmp, value)) {  // no allocation, no clock
+    if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, "wait_until", MPI_Win_sync(s.world_win));
+    return v;
+  }
   detail::wait_impl(*state_, "wait_until", one, cmp, Targets{value, {}}, opts, Mode::all);
   return detail::load(sig);
 }

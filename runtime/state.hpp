@@ -22,6 +22,10 @@ namespace ubep::detail {
 
 /// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
 /// mismatched calls are reported instead of corrupting memory or hanging.
+/// The heap base is aligned to this on every rank, so an offset aligned to A <= kHeapAlign gives a
+/// pointer aligned to A (Context::alloc promises max(64, alignof(T))).
+inline constexpr std::size_t kHeapAlign = 4096;
+
 enum class CollKind : std::int64_t { create = 1, alloc, free, signals, barrier, finalize, moe_setup, user };
 const char* to_string(CollKind kind) noexcept;
 
@@ -90,7 +94,11 @@ class State {
   Transport& data_route(int pe) const { return *transport_of[pe]; }
 
   // ---- progress and completion ----
-  void flush_pending_signals();
+  /// Issues the deferred signals (after one flush per peer with data in flight); free when there are none.
+  void flush_pending_signals() {
+    if (!pending_signals.empty()) issue_pending_signals();
+  }
+  void issue_pending_signals();
   void progress();
   void quiet();
 
@@ -105,7 +113,9 @@ class State {
   /// Local release of a heap block (no communication).
   bool release(std::size_t offset) noexcept;
 
-  void teardown() noexcept;  // frees MPI objects; used by finalize() and the destructor
+  ~State();
+  void stop_progress_thread() noexcept;  // joins the progress thread, if any; idempotent
+  void teardown() noexcept;              // frees MPI objects (collective); used by finalize() and a failed Context()
 };
 
 }  // namespace ubep::detail

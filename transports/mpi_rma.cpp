@@ -11,14 +11,16 @@ namespace {
 constexpr std::size_t kChunk = std::size_t{1} << 30;
 }  // namespace
 
-MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put)
+MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded,
+                                 std::chrono::duration<double> timeout, const PollPolicy& poll)
     : win_(win),
       rank_(rank),
       dirty_(nranks, 0),
       data_dirty_(nranks, 0),
       fenced_(nranks, 0),
       signal_put_(signal_put),
-      signal_words_(nranks) {}
+      word_updates_(nranks),
+      blocking_(bounded, timeout, poll, rank) {}
 
 void MpiRmaTransport::before_op(int pe) {
   if (any_fenced_ && fenced_[pe]) flush(pe);
@@ -34,7 +36,7 @@ void MpiRmaTransport::mark(int pe, bool data) {
 
 void MpiRmaTransport::clear(int pe) {
   dirty_[pe] = data_dirty_[pe] = fenced_[pe] = 0;
-  signal_words_[pe].clear();
+  word_updates_[pe].clear();
 }
 
 const std::uint64_t* MpiRmaTransport::operand(std::uint64_t value) {
@@ -44,19 +46,33 @@ const std::uint64_t* MpiRmaTransport::operand(std::uint64_t value) {
   return &operands_.back();
 }
 
-void MpiRmaTransport::after_signal_put(std::size_t offset, int pe) {
-  // MPI orders neither two puts nor a put and an accumulate to one word: flush the earlier signal put.
-  const std::vector<std::size_t>& words = signal_words_[pe];
-  if (std::find(words.begin(), words.end(), offset) != words.end()) flush(pe);
+void MpiRmaTransport::order_word_update(std::size_t offset, int pe, bool by_put, bool record) {
+  std::vector<WordUpdate>& words = word_updates_[pe];
+  auto it = std::find_if(words.begin(), words.end(), [&](const WordUpdate& w) { return w.offset == offset; });
+  if (it != words.end() && (it->by_put || by_put)) {
+    flush(pe);  // clears the record of pe
+    it = words.end();
+  }
+  if (!record) return;
+  if (it == words.end()) {
+    words.push_back({offset, by_put});
+  } else {
+    it->by_put = it->by_put || by_put;
+  }
 }
 
-const std::uint64_t* MpiRmaTransport::prepare_word_update(std::size_t offset, std::uint64_t value, int pe) {
+const std::uint64_t* MpiRmaTransport::prepare_word_update(std::size_t offset, std::uint64_t value, int pe,
+                                                          bool by_put) {
   // Release semantics: data still in flight to pe must land before the word changes.
   if (data_dirty_[pe]) flush(pe);
-  after_signal_put(offset, pe);
+  order_word_update(offset, pe, by_put, true);
   const std::uint64_t* origin = operand(value);
   before_op(pe);
   return origin;
+}
+
+void MpiRmaTransport::flush_checked(int pe, const char* what) {
+  blocking_.run(what, pe, [win = win_, pe, rank = rank_] { UBEP_MPI_CHECK(rank, "flush", MPI_Win_flush(pe, win)); });
 }
 
 void MpiRmaTransport::issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
@@ -83,7 +99,7 @@ void MpiRmaTransport::issue_get(void* dst, std::size_t offset, std::size_t bytes
 
 void MpiRmaTransport::put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
   issue_put(offset, src, bytes, pe);
-  if (bytes) UBEP_MPI_CHECK(rank_, "put", MPI_Win_flush_local(pe, win_));
+  if (bytes) flush_local(pe, "MPI_Win_flush_local (put)");
 }
 
 void MpiRmaTransport::put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) {
@@ -92,7 +108,7 @@ void MpiRmaTransport::put_nbi(std::size_t offset, const void* src, std::size_t b
 
 void MpiRmaTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe) {
   issue_get(dst, offset, bytes, pe);
-  if (bytes) UBEP_MPI_CHECK(rank_, "get", MPI_Win_flush_local(pe, win_));
+  if (bytes) flush_local(pe, "MPI_Win_flush_local (get)");
 }
 
 void MpiRmaTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) {
@@ -101,39 +117,52 @@ void MpiRmaTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, 
 
 std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand,
                                             std::uint64_t compare, int pe) {
-  after_signal_put(offset, pe);
-  before_op(pe);
-  std::uint64_t result = 0;
-  const auto disp = static_cast<MPI_Aint>(offset);
-  switch (op) {
-    case AtomicOp::fetch_add:
-      UBEP_MPI_CHECK(rank_, "atomic_fetch_add",
-                     MPI_Fetch_and_op(&operand, &result, MPI_UINT64_T, pe, disp, MPI_SUM, win_));
-      break;
-    case AtomicOp::swap:
-      UBEP_MPI_CHECK(rank_, "atomic_swap",
-                     MPI_Fetch_and_op(&operand, &result, MPI_UINT64_T, pe, disp, MPI_REPLACE, win_));
-      break;
-    case AtomicOp::fetch:
-      UBEP_MPI_CHECK(rank_, "atomic_fetch",
-                     MPI_Fetch_and_op(nullptr, &result, MPI_UINT64_T, pe, disp, MPI_NO_OP, win_));
-      break;
-    case AtomicOp::compare_swap:
-      UBEP_MPI_CHECK(rank_, "atomic_compare_swap",
-                     MPI_Compare_and_swap(&operand, &compare, &result, MPI_UINT64_T, pe, disp, win_));
-      break;
-    default: throw Error(Errc::internal, "ubep: mpi transport: not a fetching atomic");
+  if (op != AtomicOp::fetch_add && op != AtomicOp::swap && op != AtomicOp::fetch && op != AtomicOp::compare_swap) {
+    throw Error(Errc::internal, "ubep: mpi transport: not a fetching atomic");
   }
+  order_word_update(offset, pe, false, false);  // complete on return: nothing to record
+  before_op(pe);
+  // Operand, compare value and result live in the caller's scratch words: if the call outlives a
+  // timeout, MPI still reads and writes live memory.
+  std::uint64_t* w = blocking_.scratch();
+  w[0] = 0;
+  w[1] = operand;
+  w[2] = compare;
+  const auto disp = static_cast<MPI_Aint>(offset);
+  blocking_.run("fetching atomic (MPI_Fetch_and_op/MPI_Compare_and_swap + MPI_Win_flush_local)", pe,
+                [w, op, disp, pe, win = win_, rank = rank_] {
+                  switch (op) {
+                    case AtomicOp::fetch_add:
+                      UBEP_MPI_CHECK(rank, "atomic_fetch_add",
+                                     MPI_Fetch_and_op(&w[1], &w[0], MPI_UINT64_T, pe, disp, MPI_SUM, win));
+                      break;
+                    case AtomicOp::swap:
+                      UBEP_MPI_CHECK(rank, "atomic_swap",
+                                     MPI_Fetch_and_op(&w[1], &w[0], MPI_UINT64_T, pe, disp, MPI_REPLACE, win));
+                      break;
+                    case AtomicOp::fetch:
+                      UBEP_MPI_CHECK(rank, "atomic_fetch",
+                                     MPI_Fetch_and_op(nullptr, &w[0], MPI_UINT64_T, pe, disp, MPI_NO_OP, win));
+                      break;
+                    default:
+                      UBEP_MPI_CHECK(rank, "atomic_compare_swap",
+                                     MPI_Compare_and_swap(&w[1], &w[2], &w[0], MPI_UINT64_T, pe, disp, win));
+                      break;
+                  }
+                  UBEP_MPI_CHECK(rank, "atomic", MPI_Win_flush_local(pe, win));
+                });
   mark(pe, false);
-  UBEP_MPI_CHECK(rank_, "atomic", MPI_Win_flush_local(pe, win_));
-  return result;
+  return w[0];
 }
 
 void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
-  const std::uint64_t* value = prepare_word_update(offset, operand, pe);
+  const std::uint64_t* value = prepare_word_update(offset, operand, pe, false);
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;
-  UBEP_MPI_CHECK(rank_, "signal/atomic",
-                 MPI_Accumulate(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, mop, win_));
+  const auto disp = static_cast<MPI_Aint>(offset);
+  // osc ucx takes a remote lock for every accumulate: it can wait for the target like a flush.
+  blocking_.run("MPI_Accumulate", pe, [value, mop, disp, pe, win = win_, rank = rank_] {
+    UBEP_MPI_CHECK(rank, "signal/atomic", MPI_Accumulate(value, 1, MPI_UINT64_T, pe, disp, 1, MPI_UINT64_T, mop, win));
+  });
   mark(pe, false);
 }
 
@@ -142,10 +171,9 @@ void MpiRmaTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t
   // A set signal as one 8-byte put: prepare_word_update completes the data first, so the word changes
   // only after the data is in place, without the remote lock osc ucx takes for every accumulate. The
   // target reads the aligned word with an atomic load and sees the old or the new value.
-  const std::uint64_t* value = prepare_word_update(offset, operand, pe);
+  const std::uint64_t* value = prepare_word_update(offset, operand, pe, true);
   UBEP_MPI_CHECK(rank_, "signal",
                  MPI_Put(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, win_));
-  signal_words_[pe].push_back(offset);
   mark(pe, false);
 }
 
@@ -158,7 +186,7 @@ void MpiRmaTransport::fence() {
 
 void MpiRmaTransport::flush(int pe) {
   if (!dirty_[pe]) return;
-  UBEP_MPI_CHECK(rank_, "flush", MPI_Win_flush(pe, win_));
+  flush_checked(pe, "MPI_Win_flush");
   clear(pe);
   dirty_list_.erase(std::find(dirty_list_.begin(), dirty_list_.end(), pe));
   if (dirty_list_.empty()) {
@@ -172,11 +200,21 @@ void MpiRmaTransport::flush_all() {
   // One MPI_Win_flush per peer in flight, not MPI_Win_flush_all: with Open MPI 4.1.4's osc ucx,
   // flush_all after thousands of puts to several peers sometimes returned before the puts to one peer
   // had landed (rma_test NonBlockingManyOutstandingThenQuiet, np4, forced mpi route: 1 run in 6).
-  for (int pe : dirty_list_) UBEP_MPI_CHECK(rank_, "quiet", MPI_Win_flush(pe, win_));
-  for (int pe : dirty_list_) clear(pe);
+  // A peer whose flush timed out stays in the list (cleared only once flushed), so a later quiet retries it.
+  while (!dirty_list_.empty()) {
+    const int pe = dirty_list_.back();
+    flush_checked(pe, "MPI_Win_flush (quiet)");
+    clear(pe);
+    dirty_list_.pop_back();
+  }
   dirty_list_.clear();
   operands_.clear();
   any_fenced_ = false;
+}
+
+void MpiRmaTransport::flush_local(int pe, const char* what) {
+  blocking_.run(what, pe,
+                [win = win_, pe, rank = rank_] { UBEP_MPI_CHECK(rank, "flush_local", MPI_Win_flush_local(pe, win)); });
 }
 
 void MpiRmaTransport::flush_data() {

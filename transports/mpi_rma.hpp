@@ -5,15 +5,21 @@
 //    accumulate is then issued after the data is remotely complete (release semantics);
 //  - fence() is lazy: it marks the peers with operations in flight, and the next operation to such a
 //    peer flushes it first. A fence with nothing in flight costs nothing.
-//  - accumulates (atomics, signals) from one origin to one target are ordered by MPI's default
-//    accumulate_ordering, so they need no flush between them.
+//  - accumulates (atomics, signals) from one origin to one target word are ordered by MPI's default
+//    accumulate_ordering, so they need no flush between them; a put is ordered with nothing, so an
+//    update of a word by put after any update of it (or any update after a put of it) in flight to the
+//    same peer flushes that peer first: one word's updates stay in program order.
+//  - every call that can wait for the target (flush, flush_local, fetching atomics, accumulates, which
+//    osc ucx runs under a remote lock) goes through BoundedCaller, so a stalled peer gives a timeout.
 #pragma once
 
 #include <mpi.h>
 
+#include <chrono>
 #include <deque>
 #include <vector>
 
+#include "transports/bounded_call.hpp"
 #include "transports/transport.hpp"
 
 namespace ubep::detail {
@@ -21,7 +27,9 @@ namespace ubep::detail {
 class MpiRmaTransport final : public Transport {
  public:
   /// signal_put: SignalOp::set signals as 8-byte MPI_Put instead of MPI_Accumulate (UBEP_MPI_SIGNAL).
-  MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put);
+  /// bounded: blocking MPI calls get the deadline `timeout` (BoundedCaller).
+  MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded,
+                  std::chrono::duration<double> timeout, const PollPolicy& poll);
   const char* name() const noexcept override { return "mpi"; }
   void put(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
   void put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
@@ -44,11 +52,15 @@ class MpiRmaTransport final : public Transport {
   void before_op(int pe);  // applies a pending fence
   void mark(int pe, bool data);
   void clear(int pe);
-  void after_signal_put(std::size_t offset, int pe);  // orders an update of a word behind a signal put
+  /// Flushes pe when an update of `offset` in flight to it is not ordered before a new one: either of
+  /// the two is a put (`by_put`: the new one is); then records the new update if `record`.
+  void order_word_update(std::size_t offset, int pe, bool by_put, bool record);
   const std::uint64_t* operand(std::uint64_t value);  // an origin buffer alive until the next flush
   /// Before an accumulate or signal put on one word: completes the data to pe and earlier updates of the
-  /// word, applies a pending fence, and returns the origin buffer holding `value`.
-  const std::uint64_t* prepare_word_update(std::size_t offset, std::uint64_t value, int pe);
+  /// word that MPI does not order before it, applies a pending fence, and returns the origin buffer.
+  const std::uint64_t* prepare_word_update(std::size_t offset, std::uint64_t value, int pe, bool by_put);
+  void flush_checked(int pe, const char* what);  // MPI_Win_flush(pe) with the deadline
+  void flush_local(int pe, const char* what);    // MPI_Win_flush_local(pe) with the deadline
   void issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe);
   void issue_get(void* dst, std::size_t offset, std::size_t bytes, int pe);
 
@@ -61,7 +73,12 @@ class MpiRmaTransport final : public Transport {
   bool any_fenced_ = false;
   std::deque<std::uint64_t> operands_;  // origin buffers of posted accumulates, alive until flush
   bool signal_put_;
-  std::vector<std::vector<std::size_t>> signal_words_;  // per pe: words with a signal put in flight
+  struct WordUpdate {
+    std::size_t offset;
+    bool by_put;  // some update of this word in flight is a put (else all are accumulates)
+  };
+  std::vector<std::vector<WordUpdate>> word_updates_;  // per pe: updated words in flight
+  BoundedCaller blocking_;
 };
 
 }  // namespace ubep::detail
