@@ -126,13 +126,10 @@ void BspLayer::combine_send(Handle& h, int local, std::span<const std::byte> out
 }
 
 void BspLayer::combine_recv(Handle& h, std::span<float> out) {
-  check_handle(h, "combine_recv");
+  // Every rank checks the order before the collective: calls out of order would pair another call's
+  // MPI_Alltoallv with ours on a rank that completes them in order.
+  check_combine_recv(h);
   HandleState& s = h.state();
-  if (s.num_combined != local_experts()) {
-    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) +
-                                            ": combine_recv: " + std::to_string(local_experts() - s.num_combined) +
-                                            " local expert(s) of this call were not combine_sent yet");
-  }
   const int P = size_, L = map_.max_local();
   std::vector<int> scounts(P), sdispl(P), rcounts(P), rdispl(P);
   for (int p = 0; p < P; ++p) {

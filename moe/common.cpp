@@ -26,6 +26,17 @@ DType parse_dtype(const std::string& name) {
   throw Error(Errc::invalid_argument, "ubep: moe: unknown element type '" + name + "' (f32, bf16, e4m3)");
 }
 
+namespace {
+bool valid(DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::bf16:
+    case DType::e4m3: return true;
+  }
+  return false;
+}
+}  // namespace
+
 std::size_t element_size(DType t) noexcept { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 1; }
 DType output_dtype(DType t) noexcept { return t == DType::f32 ? DType::f32 : DType::bf16; }
 
@@ -102,6 +113,10 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
   size_ = ctx.size();
   const std::string pre = "ubep: rank " + std::to_string(rank_) + ": " + who + ": ";
   auto bad = [&](const std::string& what) { throw Error(Errc::invalid_argument, pre + what); };
+  // Before any collective, so that a config every rank shares fails on every rank alike.
+  if (!valid(c.dtype)) {
+    bad("dtype=" + std::to_string(static_cast<int>(c.dtype)) + " is not a moe::DType (f32=0, bf16=1, e4m3=2)");
+  }
   if (c.num_experts < 1) bad("num_experts=" + std::to_string(c.num_experts) + " must be at least 1");
   if (c.hidden < 1) bad("hidden=" + std::to_string(c.hidden) + " must be at least 1");
   if (c.topk < 1 || c.topk > c.num_experts) {
@@ -126,6 +141,27 @@ void LayerBase::check_handle(const Handle& h, const char* call) const {
   if (h.state_->finished) {
     throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": " + call + ": call #" +
                                             std::to_string(h.state_->call) + " was already combined");
+  }
+}
+
+void LayerBase::check_oldest(const Handle& h, const char* call) const {
+  // Calls complete in dispatch order, so the oldest call in flight is the number of calls completed.
+  if (h.state_->call != finished_) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": " + call + ": call #" +
+                                            std::to_string(h.state_->call) + " given, but call #" +
+                                            std::to_string(finished_) +
+                                            " is older and not combined yet: calls complete in dispatch order");
+  }
+}
+
+void LayerBase::check_combine_recv(const Handle& h) const {
+  check_handle(h, "combine_recv");
+  check_oldest(h, "combine_recv");
+  const int missing = local_experts() - h.state_->num_combined;
+  if (missing != 0) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": combine_recv: call #" +
+                                            std::to_string(h.state_->call) + ": " + std::to_string(missing) +
+                                            " local expert(s) were not combine_sent yet");
   }
 }
 
@@ -340,6 +376,7 @@ void LayerBase::finish(HandleState& h) {
 
 void LayerBase::combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out) {
   check_handle(h, "combine");
+  check_oldest(h, "combine");
   if (static_cast<int>(outputs.size()) != local_experts()) {
     throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) +
                                             ": combine: " + std::to_string(outputs.size()) + " output arrays for " +

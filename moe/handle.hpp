@@ -43,7 +43,7 @@ struct HandleState {
   int num_ready = 0, num_returned = 0, num_combined = 0;
   std::vector<std::vector<std::byte>> expert_data;  // [local] contiguous tokens
   std::vector<std::vector<float>> expert_scales;    // [local] e4m3 scales
-  bool released = false;
+  bool released = false;  // all experts regrouped; the release to the sources may wait for older calls
   // ubep layer: this call's outputs to mpi-route sources, staged until the flush after the last expert.
   std::vector<std::byte> out_stage;
   std::size_t out_bytes = 0, out_staged = 0;  // its size (from the sources' headers), its use

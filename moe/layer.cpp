@@ -8,7 +8,8 @@
 //                              that expert early; over mpi one signal (row max_local) after the region
 //   cbuf  [S][M * topk] outputs on the token's source, written by the expert owners
 //   csig  [S][ranks]           (c+1) << 32 | 1, set by owner d after the outputs of all its local experts
-//   rel   [ranks]              c+1: owner d has consumed everything of call c from us
+//   rel   [ranks]              c+1: owner d has consumed everything of calls 0..c from us (in call order,
+//                              also when the caller received a later call first)
 // Why one signal per peer over mpi: each signal and each flush there is an MPI call with a round trip over
 // the network (docs/MULTINODE.md, "Benchmarks across nodes", has the numbers), while over load/store a
 // signal is one store. On the mpi route the region goes out as one put from a staging copy, the outputs
@@ -37,6 +38,8 @@ struct Layer::Impl {
   std::size_t region = 0;                        // bytes of one (set, source) region
   std::size_t header = 0;                        // bytes of its header
   std::size_t heap = 0;
+  std::uint64_t released = 0;          // calls 0 .. released-1 are released to every source
+  std::vector<std::uint8_t> received;  // [S]: the call on this set is received, its release waits for older ones
 };
 
 namespace {
@@ -74,12 +77,18 @@ Layer::Layer(Context& ctx, const Config& config)
   impl_->region = g.region;
   impl_->header = g.header;
   const std::size_t need = heap_bytes(config, size_, ctx.options().run_ahead);
-  if (need > ctx.heap_free()) {
+  const std::size_t largest = ctx.heap_free();
+  if (need > largest) {
+    // The advice, set exactly, must fit. The Context rounds UBEP_HEAP_SIZE up to 4 KiB, so more can be
+    // free than was asked for; every byte outside the largest free block counts as taken; `need` holds
+    // our five allocations wherever a free block starts (heap_bytes rounds each up to the 64-byte
+    // alignment and adds 4 KiB). This assumes the largest free block is the one at the end of the heap,
+    // which holds unless freed objects left a larger hole below a live one (heap_free() cannot tell).
+    const std::size_t heap = std::max((ctx.options().heap_size + 4095) / 4096 * 4096, largest);
     throw OutOfHeap("ubep: rank " + std::to_string(rank_) + ": moe::Layer: needs " + std::to_string(need) +
-                    " bytes of symmetric heap, " + std::to_string(ctx.heap_free()) +
-                    " are free; set UBEP_HEAP_SIZE to at least " +
-                    std::to_string(need + (ctx.options().heap_size - ctx.heap_free())) +
-                    " (or lower max_tokens_per_rank or UBEP_RUN_AHEAD)");
+                    " bytes of symmetric heap, its largest free block has " + std::to_string(largest) + " of " +
+                    std::to_string(heap) + " bytes; set UBEP_HEAP_SIZE to at least " +
+                    std::to_string(heap - largest + need) + " (or lower max_tokens_per_rank or UBEP_RUN_AHEAD)");
   }
   impl_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
   impl_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
@@ -87,6 +96,7 @@ Layer::Layer(Context& ctx, const Config& config)
   impl_->csig = ctx.alloc_signals(S * P);
   impl_->rel = ctx.alloc_signals(P);
   impl_->heap = need;
+  impl_->received.assign(S, 0);
   impl_->schedule = ubep::schedule(ctx.topology(), rank_, parse_schedule(ctx.options().schedule));
   impl_->peers.resize(P);
   std::iota(impl_->peers.begin(), impl_->peers.end(), 0);
@@ -242,10 +252,20 @@ std::optional<int> Layer::next_expert(Handle& h) {
 
 void Layer::release_if_done(HandleState& s) {
   if (s.released || s.num_ready != local_experts()) return;
-  // Everything of this call is copied out of our buffers: let every source reuse its set.
-  for (int src = 0; src < size_; ++src) ctx_.signal_op(&impl_->rel[rank_], s.call + 1, SignalOp::set, src);
-  ctx_.progress();
   s.released = true;
+  if (local_experts() == 0) return;  // no source writes to an owner without experts, nor waits for it
+  // Everything of this call is copied out of our buffers. rel = c + 1 tells a source that every call up
+  // to c is released (it then writes call c + S into set c % S), so releases go out in call order: a call
+  // received before an older one is marked here and released with it. At most S calls are in flight, one
+  // per set, so the mark of the set of call `released` is that call's.
+  Impl& m = *impl_;
+  const std::size_t S = ctx_.options().run_ahead;
+  m.received[s.set] = 1;
+  const std::uint64_t was = m.released;
+  while (m.released < calls_ && m.received[m.released % S]) m.received[m.released++ % S] = 0;
+  if (m.released == was) return;
+  for (int src = 0; src < size_; ++src) ctx_.signal_op(&m.rel[rank_], m.released, SignalOp::set, src);
+  ctx_.progress();
 }
 
 void Layer::dispatch_recv(Handle& h) {
@@ -310,15 +330,12 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
 }
 
 void Layer::combine_recv(Handle& h, std::span<float> out) {
-  check_handle(h, "combine_recv");
+  // In dispatch order: a source may dispatch call c + S into set c % S as soon as fewer than S of its calls
+  // are in flight, so a later call completed first would let call c + S overwrite call c's outputs.
+  check_combine_recv(h);
   HandleState& s = h.state();
   Impl& m = *impl_;
   const std::size_t P = size_, L = map_.max_local();
-  if (s.num_combined != local_experts()) {
-    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) +
-                                            ": combine_recv: " + std::to_string(local_experts() - s.num_combined) +
-                                            " local expert(s) of this call were not combine_sent yet");
-  }
   // Owner d signals us once it has sent the outputs of all its experts, if we sent it any token.
   std::vector<std::uint64_t> want(P, 0);
   for (std::size_t d = 0; d < P; ++d) {

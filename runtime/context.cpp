@@ -56,15 +56,50 @@ std::size_t State::check_word(const char* call, const void* addr) const {
   return check_range(call, addr, 8);
 }
 
-std::size_t State::prepare_atomic(const char* call, const void* addr, int pe) {
+namespace {
+const char* family_name(AtomicFamily f) {
+  switch (f) {
+    case AtomicFamily::sum: return "fetch_add/add (MPI_SUM)";
+    case AtomicFamily::replace: return "swap/set (MPI_REPLACE)";
+    case AtomicFamily::cas: return "compare_swap (MPI_Compare_and_swap)";
+    case AtomicFamily::any: break;
+  }
+  return "fetch (MPI_NO_OP)";
+}
+}  // namespace
+
+std::size_t State::prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family) {
   check_alive(call);
   check_pe(call, pe);
   const std::size_t off = check_word(call, addr);
+  if (family != AtomicFamily::any && atomics != load_store.get()) {
+    // MPI makes accumulates atomic with respect to each other only when they use one op (or
+    // MPI_NO_OP) on a word: the world window says so (accumulate_ops=same_op_no_op). One kind per
+    // target word, checked for this rank's own calls.
+    const std::uint64_t key = static_cast<std::uint64_t>(off) * static_cast<std::uint64_t>(size) + pe;
+    const auto [it, fresh] = atomic_family.emplace(key, family);
+    if (!fresh && it->second != family) {
+      fail(Errc::unsupported, call,
+           "the word at heap offset " + std::to_string(off) + " on rank " + std::to_string(pe) +
+               " was updated by this rank with " + family_name(it->second) + "; on the mpi route MPI makes " +
+               "atomics on one word atomic with respect to each other only if they use one kind: " +
+               "fetch_add/add, or swap/set, or compare_swap, each with fetch (README, \"Atomics\")");
+    }
+  }
   flush_pending_signals();  // atomics and deferred signals on one word stay in program order
   return off;
 }
 
-bool State::release(std::size_t offset) noexcept { return heap.release(offset); }
+bool State::release(std::size_t offset) noexcept {
+  if (!atomic_family.empty()) {
+    if (const auto block = heap.find(offset)) {
+      const auto P = static_cast<std::uint64_t>(size);
+      atomic_family.erase(atomic_family.lower_bound(block->offset * P),
+                          atomic_family.lower_bound((block->offset + block->size) * P));
+    }
+  }
+  return heap.release(offset);
+}
 
 void State::stop_progress_thread() noexcept {
   progress_stop = true;
@@ -249,6 +284,11 @@ void build(State& s, MPI_Comm user_comm) {
     MPI_Info winfo;
     MPI_Info_create(&winfo);
     MPI_Info_set(winfo, "same_disp_unit", "true");
+    // Both are MPI's defaults, set deliberately because the atomics contract rests on them: accumulates
+    // from one origin to one word stay ordered (signals and atomics in program order), and atomicity
+    // holds among accumulates of one op plus MPI_NO_OP (prepare_atomic enforces one kind per word).
+    MPI_Info_set(winfo, "accumulate_ordering", "rar,raw,war,waw");
+    MPI_Info_set(winfo, "accumulate_ops", "same_op_no_op");
     UBEP_MPI_CHECK(s.rank, call,
                    MPI_Win_create(s.base, static_cast<MPI_Aint>(s.heap_size), 1, winfo, s.comm, &s.world_win));
     MPI_Info_free(&winfo);
@@ -481,32 +521,32 @@ void Context::flush(int pe) {
 }
 
 std::uint64_t Context::atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_fetch_add", dest, pe);
+  const std::size_t off = state_->prepare_atomic("atomic_fetch_add", dest, pe, detail::AtomicFamily::sum);
   return state_->atomics->fetch_atomic(detail::AtomicOp::fetch_add, off, value, 0, pe);
 }
 
 void Context::atomic_add(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_add", dest, pe);
+  const std::size_t off = state_->prepare_atomic("atomic_add", dest, pe, detail::AtomicFamily::sum);
   state_->atomics->post_atomic(detail::AtomicOp::add, off, value, pe);
 }
 
 std::uint64_t Context::atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_compare_swap", dest, pe);
+  const std::size_t off = state_->prepare_atomic("atomic_compare_swap", dest, pe, detail::AtomicFamily::cas);
   return state_->atomics->fetch_atomic(detail::AtomicOp::compare_swap, off, desired, expected, pe);
 }
 
 std::uint64_t Context::atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_swap", dest, pe);
+  const std::size_t off = state_->prepare_atomic("atomic_swap", dest, pe, detail::AtomicFamily::replace);
   return state_->atomics->fetch_atomic(detail::AtomicOp::swap, off, value, 0, pe);
 }
 
 std::uint64_t Context::atomic_fetch(const std::uint64_t* dest, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_fetch", dest, pe);
+  const std::size_t off = state_->prepare_atomic("atomic_fetch", dest, pe, detail::AtomicFamily::any);
   return state_->atomics->fetch_atomic(detail::AtomicOp::fetch, off, 0, 0, pe);
 }
 
 void Context::atomic_set(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_set", dest, pe);
+  const std::size_t off = state_->prepare_atomic("atomic_set", dest, pe, detail::AtomicFamily::replace);
   state_->atomics->post_atomic(detail::AtomicOp::set, off, value, pe);
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,9 @@ namespace ubep::detail {
 /// The heap base is aligned to this on every rank, so an offset aligned to A <= kHeapAlign gives a
 /// pointer aligned to A (Context::alloc promises max(64, alignof(T))).
 inline constexpr std::size_t kHeapAlign = 4096;
+
+/// The MPI op an atomic uses on the mpi route; `any` (fetch, MPI_NO_OP) is atomic with all of them.
+enum class AtomicFamily : std::uint8_t { any, sum, replace, cas };
 
 enum class CollKind : std::int64_t { create = 1, alloc, free, signals, barrier, finalize, moe_setup, user };
 const char* to_string(CollKind kind) noexcept;
@@ -66,6 +70,9 @@ class State {
   };
   std::vector<PendingSignal> pending_signals;
 
+  /// Atomics through MPI: the kind this rank used on each target word, key offset * size + pe.
+  std::map<std::uint64_t, AtomicFamily> atomic_family;
+
   Topology topology;
   std::uint64_t collective_seq = 0;
   bool finalized = false;
@@ -90,7 +97,7 @@ class State {
   std::size_t check_range(const char* call, const void* addr, std::size_t bytes) const;
   std::size_t check_word(const char* call, const void* addr) const;
   /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
-  std::size_t prepare_atomic(const char* call, const void* addr, int pe);
+  std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family);
   Transport& data_route(int pe) const { return *transport_of[pe]; }
 
   // ---- progress and completion ----

@@ -14,6 +14,15 @@
 ///    operations to each peer issued before it before those issued after it, and completes nothing.
 ///    All three are free when nothing is outstanding.
 ///
+/// Deadlines. Nothing waits forever: every wait and every collective, and on the mpi route every MPI
+/// call that may need the target's progress (MPI_Win_flush[_local], fetching atomics, accumulates),
+/// throws Errc::timeout after UBEP_WAIT_TIMEOUT with a message naming the peer. On the mpi route those
+/// MPI calls run on an internal worker thread while the caller polls (needs MPI_THREAD_MULTIPLE; with a
+/// lower thread level, or UBEP_WAIT_TIMEOUT=0, they run inline and unbounded). An MPI call that timed
+/// out stays pending inside MPI (MPI cannot cancel it): the next such call first waits for it, again
+/// with the deadline, so a peer that resumes heals the context, and buffers of the timed-out operation
+/// may still be read or written until then.
+///
 /// Thread safety: a Context is used by one thread at a time (the optional progress thread is internal).
 #pragma once
 
@@ -67,7 +76,8 @@ struct WaitOptions {
   /// Deadline for this wait; unset = Options::wait_timeout (UBEP_WAIT_TIMEOUT).
   std::optional<std::chrono::duration<double>> timeout{};
   /// The ranks expected to write the signals, for the timeout report: one rank for all signals, or one
-  /// rank per signal (same length as the signal set). Empty = unknown.
+  /// rank per signal (same length as the signal set). Empty = unknown; -1 = unknown for that signal; any
+  /// other value outside [0, size) throws Errc::out_of_range.
   std::span<const int> writers{};
   /// A name for the report ("moe dispatch counts", ...). May be null.
   const char* what = nullptr;
@@ -134,11 +144,16 @@ class Context {
   Context& operator=(Context&&) noexcept;
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
-  /// Never throws. A context not finalized releases its local resources only and prints a warning.
+  /// Never throws and never communicates (it may run while an exception unwinds and peers are gone). A
+  /// context not finalized stops its progress thread, becomes unusable (Errc::finalized), prints a
+  /// warning, and leaves its MPI windows and communicators to MPI_Finalize (freeing them is collective);
+  /// if this context initialized MPI, MPI stays initialized.
   ~Context();
 
   /// Collective: completes all operations, frees the heap and the windows, and finalizes MPI if this
   /// context initialized it. Every later call on this context or its objects throws Errc::finalized.
+  /// When it throws (a peer never arrives: Errc::timeout), the progress thread is already stopped and
+  /// the context is not finalized: call finalize() again, or let the destructor release it locally.
   void finalize();
   bool finalized() const noexcept;
 
@@ -160,8 +175,10 @@ class Context {
   int thread_level() const;
 
   // ---- collective memory ----------------------------------------------------------------------------
-  /// Collective: `count` elements of T, aligned to max(64, alignof(T)), same offset on every rank,
-  /// uninitialized. count may be 0 (data() is then null). Throws OutOfHeap naming UBEP_HEAP_SIZE, and
+  /// Collective: `count` elements of T, aligned to max(64, alignof(T)) (at most 4096: larger alignments
+  /// throw Errc::invalid_argument), same offset on every rank, uninitialized. count may be 0 (data() is
+  /// then null). Every rank first completes its outstanding operations (quiet), so nothing aimed at an
+  /// object destroyed earlier can land in the new one. Throws OutOfHeap naming UBEP_HEAP_SIZE, and
   /// Errc::collective_mismatch when ranks ask for different sizes or allocate in different orders.
   template <class T>
   [[nodiscard]] Symmetric<T> alloc(std::size_t count) {
@@ -200,7 +217,9 @@ class Context {
     get(dest.data(), static_cast<const void*>(src), dest.size_bytes(), pe);
   }
 
-  /// Orders: operations to each peer before the fence are delivered before those after it.
+  /// Orders: operations to each peer before the fence are delivered before those after it, deferred
+  /// signals included (on the mpi route the fence issues them, after one flush per peer with data in
+  /// flight). Completes nothing else.
   void fence();
   /// Completes every outstanding operation (puts, gets, atomics, deferred signals) remotely.
   void quiet();
@@ -239,6 +258,8 @@ class Context {
 
   /// Blocks until `*sig <cmp> value` holds for the local signal; returns the value observed. Throws
   /// Errc::timeout with a report (signal, value, condition, expected writers) when the deadline passes.
+  /// Every wait, also one whose condition already holds, first delivers this rank's deferred signals
+  /// and, when some peer is on the mpi route, calls MPI_Win_sync before it returns.
   std::uint64_t wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
   /// Blocks until every signal in `sigs` satisfies the condition.
   void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
@@ -255,8 +276,13 @@ class Context {
                                            const WaitOptions& opts = {});
   std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp,
                                            std::span<const std::uint64_t> values, const WaitOptions& opts = {});
-  /// Never block: whether the condition holds now (test), the index of one signal that satisfies it
-  /// (test_any), the indices of all that do (test_some), whether all do (test_all).
+  /// Whether the condition holds now (test), the index of one signal that satisfies it (test_any), the
+  /// indices of all that do (test_some), whether all do (test_all). They never wait for the condition
+  /// or for a peer's action. They do deliver this rank's deferred signals (the promise of
+  /// put_signal_nbi and signal_op), which on the mpi route first completes the data puts those signals
+  /// follow: an MPI_Win_flush per peer with data in flight, a network round trip, bounded by
+  /// UBEP_WAIT_TIMEOUT like every blocking MPI call. With no deferred signal they only read the words
+  /// and let MPI progress (MPI_Win_sync + MPI_Iprobe).
   bool test(const std::uint64_t* sig, Cmp cmp, std::uint64_t value);
   bool test_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
   std::optional<std::size_t> test_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);

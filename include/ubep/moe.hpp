@@ -12,7 +12,11 @@
 ///     layer.combine_send(h, *e, outputs);                         // goes back at once
 ///   }
 ///   layer.combine_recv(h, out);                                   // weighted sum, original token order
-/// Host memory. Not thread-safe: one thread drives a layer.
+/// Up to UBEP_RUN_AHEAD calls may be in flight (dispatch_send again before combine_recv). dispatch_recv,
+/// next_expert, expert_tokens and combine_send take any call in flight, in any order and interleaved;
+/// combine_recv (and combine) completes calls in dispatch order, oldest first, and throws
+/// Errc::invalid_argument for any other call, changing nothing. Host memory. Not thread-safe: one
+/// thread drives a layer.
 #pragma once
 
 #include <cstddef>
@@ -106,24 +110,32 @@ class LayerBase {
   /// Throws Errc::out_of_range (expert id, n), invalid_argument (duplicate expert in one token, sizes).
   [[nodiscard]] Handle dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                      std::span<const float> topk_weights, std::span<const float> scales = {});
-  /// Waits until every local expert has all its tokens.
+  /// Waits until every local expert has all its tokens. Any call in flight, in any order; in ubep's Layer
+  /// the buffers of a call received before an older one are handed back to the sources together with
+  /// the older call's (a source's dispatch_send that reuses them waits for that).
   virtual void dispatch_recv(Handle& h) = 0;
   /// dispatch_send + dispatch_recv.
   [[nodiscard]] Handle dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                 std::span<const float> topk_weights, std::span<const float> scales = {});
   /// The next local expert whose tokens are all in (waiting if none is yet), in completion order;
   /// nullopt once every local expert was returned. In ubep's Layer an expert completes when every source
-  /// on the node has signalled that expert and every off-node source its whole region.
+  /// on the node has signalled that expert and every off-node source its whole region. Any call in
+  /// flight, in any order, as dispatch_recv.
   virtual std::optional<int> next_expert(Handle& h) = 0;
   /// The tokens of local expert `local` (it must be complete: from next_expert or after dispatch_recv).
   ExpertTokens expert_tokens(const Handle& h, int local) const;
   /// Sends local expert `local`'s outputs back: [count x hidden] of output_dtype(dtype), in the order of
-  /// expert_tokens. Returns when `outputs` may be reused.
+  /// expert_tokens. Returns when `outputs` may be reused. Any call in flight, in any order.
   virtual void combine_send(Handle& h, int local, std::span<const std::byte> outputs) = 0;
   /// Waits for the outputs of every expert this rank's tokens went to and writes
   /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, k ascending, original token order.
+  /// Completes calls in dispatch order: `h` must be the oldest call not yet combined (a later one would
+  /// free a buffer set that the next dispatch overwrites while an older call still reads it), with every
+  /// local expert combine_sent. Throws Errc::invalid_argument naming the call given and the one expected,
+  /// before anything communicates: the layer stays usable, combine the older call first.
   virtual void combine_recv(Handle& h, std::span<float> out) = 0;
-  /// combine_send for every local expert (outputs[i] for local expert i), then combine_recv.
+  /// combine_send for every local expert (outputs[i] for local expert i), then combine_recv. Checks the
+  /// order first: a call out of order throws as combine_recv does, before any combine_send.
   void combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out);
 
  protected:
@@ -134,6 +146,10 @@ class LayerBase {
   void pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
             std::span<const float> scales) const;
   void check_handle(const Handle& h, const char* call) const;
+  /// Throws Errc::invalid_argument unless `h` is the oldest call not yet combined (O(1)).
+  void check_oldest(const Handle& h, const char* call) const;
+  /// Checks a combine_recv call: the handle, the order, every local expert combine_sent.
+  void check_combine_recv(const Handle& h) const;
   /// out[t] = sum_k w[t,k] * combine[coffset(t,k)], the one reduction both implementations use.
   void reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const;
   /// Copies the batches of local expert `le` (batch from source s starts at block(s), token stride
@@ -158,9 +174,13 @@ class Layer final : public LayerBase {
  public:
   /// Collective. Allocates the receive buffers from ctx's symmetric heap (UBEP_RUN_AHEAD sets of one
   /// region per source, each max_tokens_per_rank x min(topk, local experts) tokens, plus combine buffers
-  /// and one signal per peer and direction: see heap_bytes()); throws
-  /// OutOfHeap naming UBEP_HEAP_SIZE and the size needed, collective_mismatch when ranks disagree on the
-  /// config. Peers are served in the order of the schedule `UBEP_SCHEDULE` (ctx.options().schedule).
+  /// and one signal per peer and direction: see heap_bytes()). Throws Errc::invalid_argument for a bad
+  /// config (a dtype outside DType, num_experts, hidden, topk or max_tokens_per_rank out of range) on
+  /// each rank before any collective; collective_mismatch when ranks disagree on the config; OutOfHeap
+  /// naming UBEP_HEAP_SIZE and a size that is enough when set exactly: the bytes outside the heap's
+  /// largest free block plus heap_bytes() (it assumes that block is the heap's free end, which holds
+  /// unless freed objects left a larger hole below a live one). Peers are served in the order of the
+  /// schedule `UBEP_SCHEDULE` (ctx.options().schedule).
   Layer(Context& ctx, const Config& config);
   ~Layer() override;
   /// Symmetric heap bytes a Layer needs per rank for this config and run-ahead.
@@ -184,6 +204,7 @@ class Layer final : public LayerBase {
 /// The plain-MPI baseline, as Megatron-style dispatchers do it, on ctx.comm().
 class BspLayer final : public LayerBase {
  public:
+  /// Collective. Throws as Layer's constructor does, except OutOfHeap (it allocates no symmetric memory).
   BspLayer(Context& ctx, const Config& config);
   ~BspLayer() override;
   std::size_t buffer_bytes() const override;

@@ -1,12 +1,16 @@
 // MoE dispatch/combine: ubep::moe::Layer and the BSP baseline give bit-identical outputs, equal to a serial
-// reference, for many routings and shapes; run-ahead under random delays; bad input. CTest runs this file
+// reference, for many routings and shapes; run-ahead under random delays; bad input; one regression test
+// per defect of issue 10 (MoeIssue10.*). CTest runs this file
 // at 2, 3 and 4 ranks under the default route, the forced mpi route and UBEP_VIRTUAL_NODES=2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -134,9 +138,8 @@ std::vector<float> reference(const Config& c, const Input& in) {
   return out;
 }
 
-// Runs one call through a layer: experts in completion order, each sent back at once.
-std::vector<float> run(moe::LayerBase& layer, const Config& c, const Input& in) {
-  moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
+// Computes every local expert of one call in completion order and sends each back at once.
+void send_outputs(moe::LayerBase& layer, const Config& c, moe::Handle& h) {
   const std::size_t ob = c.hidden * moe::element_size(moe::output_dtype(c.dtype));
   const std::size_t tb = c.hidden * moe::element_size(c.dtype);
   int seen = 0;
@@ -150,6 +153,12 @@ std::vector<float> run(moe::LayerBase& layer, const Config& c, const Input& in) 
     ++seen;
   }
   EXPECT_EQ(seen, layer.local_experts());
+}
+
+// Runs one call through a layer: experts in completion order, each sent back at once.
+std::vector<float> run(moe::LayerBase& layer, const Config& c, const Input& in) {
+  moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
+  send_outputs(layer, c, h);
   std::vector<float> result(static_cast<std::size_t>(in.n) * c.hidden);
   layer.combine_recv(h, result);
   return result;
@@ -327,6 +336,176 @@ TEST(Moe, BadInputIsReportedAndPeersTimeOut) {
   // The test's own synchronization (plain MPI, not ubep): rank 0 must not start finalize's 2 s deadline
   // before the peers' waits have expired.
   MPI_Barrier(MPI_COMM_WORLD);
+  ctx.finalize();
+}
+
+// ---- issue 10: one regression test per defect ----------------------------------------------------
+
+// The size an OutOfHeap message tells the user to set, 0 if it names none.
+std::size_t advised_heap_size(const OutOfHeap& e) {
+  const std::string msg = e.what(), key = "set UBEP_HEAP_SIZE to at least ";
+  const std::size_t at = msg.find(key);
+  return at == std::string::npos ? 0 : std::stoull(msg.substr(at + key.size()));
+}
+
+// Item 4: with UBEP_HEAP_SIZE not a multiple of 4 KiB the Context rounds the heap up, more is free than
+// was asked for, and `need + (heap_size - heap_free())` came out smaller than what is needed. Setting
+// exactly the advised size must work, on an empty heap and on one that already holds an object.
+TEST(MoeIssue10, OutOfHeapAdviceIsEnough) {
+  const Config c{8, 64, DType::bf16, 2, 32};
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const std::size_t need = moe::Layer::heap_bytes(c, size, 2);
+  for (const std::size_t heap : {std::size_t{12345}, std::size_t{2 * 4096 + 1}}) {
+    for (const std::size_t before : {std::size_t{0}, std::size_t{1000}}) {
+      Options o = opts();
+      o.run_ahead = 2;
+      o.heap_size = heap;
+      std::size_t advised = 0;
+      {
+        Context ctx(MPI_COMM_WORLD, o);
+        {
+          Symmetric<std::byte> other = ctx.alloc<std::byte>(before);
+          try {
+            moe::Layer layer(ctx, c);
+            ADD_FAILURE() << "a " << need << "-byte layer fit into UBEP_HEAP_SIZE=" << heap;
+          } catch (const OutOfHeap& e) {
+            advised = advised_heap_size(e);
+            EXPECT_GE(advised, need + before) << e.what();
+            EXPECT_LE(advised, need + before + 2 * 4096) << "the advice is far above the need: " << e.what();
+          }
+        }
+        ctx.finalize();
+      }
+      if (advised == 0) continue;
+      o.heap_size = advised;
+      Context ctx(MPI_COMM_WORLD, o);
+      {
+        Symmetric<std::byte> other = ctx.alloc<std::byte>(before);
+        try {
+          moe::Layer layer(ctx, c);
+          const Input in = make_input(c, ctx.rank(), ctx.size(), Routing::uniform, 31);
+          EXPECT_TRUE(bit_identical(run(layer, c, in), reference(c, in)));
+        } catch (const OutOfHeap& e) {
+          ADD_FAILURE() << "UBEP_HEAP_SIZE=" << advised << " as advised (asked " << heap << ", " << before
+                        << " bytes in use before) is not enough: " << e.what();
+        }
+      }
+      ctx.finalize();
+    }
+  }
+}
+
+// Item 5: an element type outside moe::DType was accepted by both layers. Every rank passes the same
+// config, so every rank throws, before any collective.
+TEST(MoeIssue10, UnknownDTypeIsRejected) {
+  Context ctx(MPI_COMM_WORLD, opts());
+  Config c{8, 8, static_cast<DType>(7), 2, 4};
+  const std::string me = "rank " + std::to_string(ctx.rank());
+  test::expect_error(Errc::invalid_argument, [&] { moe::Layer l(ctx, c); }, {me, "moe::Layer", "dtype=7"});
+  test::expect_error(Errc::invalid_argument, [&] { moe::BspLayer l(ctx, c); }, {me, "moe::BspLayer", "dtype=7"});
+  // No rank was left inside a collective: a good layer still builds and works.
+  c.dtype = DType::f32;
+  moe::Layer layer(ctx, c);
+  const Input in = make_input(c, ctx.rank(), ctx.size(), Routing::uniform, 41);
+  EXPECT_TRUE(bit_identical(run(layer, c, in), reference(c, in)));
+  ctx.finalize();
+}
+
+// Item 12: with run-ahead 2, combine_recv(h1) before h0 let call 2 reuse call 0's buffer set, and
+// combine_recv(h0) then reduced call 2's outputs. Calls complete in dispatch order: the later one is
+// rejected on every rank, the layer stays usable, and the calls then give the serial reference. Twice
+// per layer, so that the second round runs on calls 2 and 3.
+TEST(MoeIssue10, OutOfOrderCombineIsRejected) {
+  Options o = opts();
+  o.run_ahead = 2;
+  Context ctx(MPI_COMM_WORLD, o);
+  const Config c{8, 8, DType::f32, 2, 6};
+  const std::string me = "rank " + std::to_string(ctx.rank());
+  moe::Layer ubep_layer(ctx, c);
+  moe::BspLayer bsp_layer(ctx, c);
+  unsigned seed = 600;
+  for (moe::LayerBase* layer : {static_cast<moe::LayerBase*>(&ubep_layer), static_cast<moe::LayerBase*>(&bsp_layer)}) {
+    for (int round = 0; round < 2; ++round) {
+      const Input in0 = make_input(c, ctx.rank(), ctx.size(), Routing::uniform, seed++);
+      const Input in1 = make_input(c, ctx.rank(), ctx.size(), Routing::uniform, seed++);
+      moe::Handle h0 = layer->dispatch_send(in0.tokens, in0.idx, in0.weights);
+      moe::Handle h1 = layer->dispatch_send(in1.tokens, in1.idx, in1.weights);
+      send_outputs(*layer, c, h0);
+      send_outputs(*layer, c, h1);
+      std::vector<float> out0(static_cast<std::size_t>(in0.n) * c.hidden);
+      std::vector<float> out1(static_cast<std::size_t>(in1.n) * c.hidden);
+      const std::string given = "call #" + std::to_string(h1.call()), oldest = "call #" + std::to_string(h0.call());
+      test::expect_error(Errc::invalid_argument, [&] { layer->combine_recv(h1, out1); },
+                         {me, "combine_recv", given, oldest, "dispatch order"});
+      const std::vector<std::span<const std::byte>> none(layer->local_experts());
+      test::expect_error(Errc::invalid_argument, [&] { layer->combine(h1, none, out1); },
+                         {me, "combine", given, oldest});
+      layer->combine_recv(h0, out0);
+      layer->combine_recv(h1, out1);
+      EXPECT_TRUE(bit_identical(out0, reference(c, in0))) << layer->name() << " round " << round;
+      EXPECT_TRUE(bit_identical(out1, reference(c, in1))) << layer->name() << " round " << round;
+    }
+  }
+  ctx.finalize();
+}
+
+// Item 12, found beside it: an owner that received call 1 completely before call 0 released call 1 by
+// setting its release word to 2, which also said "call 0 released"; a source that needed nothing back
+// from that owner in call 0 then dispatched call 2 into call 0's set before the owner had read call 0.
+// Releases now go out in call order. Rank 1 receives call 1 first and gives rank 0 a second to get its
+// call 2 through (it must not: rank 0 is held until rank 1 has received call 0); the test's own messages
+// are plain MPI. Passing never depends on the timing; only the detection of the defect does.
+TEST(MoeIssue10, LaterCallReceivedFirstKeepsEarlierSetBusy) {
+  Options o = opts();
+  o.run_ahead = 2;
+  Context ctx(MPI_COMM_WORLD, o);
+  const Config c{8, 8, DType::f32, 2, 6};
+  moe::Layer layer(ctx, c);
+  const int rank = ctx.rank();
+  std::vector<Input> in;
+  for (int call = 0; call < 3; ++call) in.push_back(make_input(c, rank, ctx.size(), Routing::uniform, 700 + call));
+  if (rank == 0) in[0] = Input{};  // rank 0 sends nothing in call 0, so its combine of call 0 waits for no owner
+  const auto dispatch = [&](int call) { return layer.dispatch_send(in[call].tokens, in[call].idx, in[call].weights); };
+  const auto check = [&](moe::Handle& h, int call) {
+    std::vector<float> out(static_cast<std::size_t>(in[call].n) * c.hidden);
+    layer.combine_recv(h, out);
+    EXPECT_TRUE(bit_identical(out, reference(c, in[call]))) << "call " << call;
+  };
+  constexpr int kTag = 4210;  // rank 0 -> rank 1: "my dispatch of call 2 returned"
+  int token = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  moe::Handle h0 = dispatch(0), h1 = dispatch(1), h2;
+  if (rank == 1) {
+    MPI_Irecv(&token, 1, MPI_INT, 0, kTag, MPI_COMM_WORLD, &req);
+    send_outputs(layer, c, h1);
+    bool early = false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!early && std::chrono::steady_clock::now() < until) {
+      int done = 0;
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      early = done != 0;
+      if (!early) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_FALSE(early) << "rank 0 dispatched call 2 into the buffer set of call 0 before rank 1 had received call 0";
+    send_outputs(layer, c, h0);
+    check(h0, 0);
+    check(h1, 1);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  } else {
+    send_outputs(layer, c, h0);
+    check(h0, 0);
+    if (rank == 0) {
+      h2 = dispatch(2);
+      MPI_Isend(&token, 1, MPI_INT, 1, kTag, MPI_COMM_WORLD, &req);
+    }
+    send_outputs(layer, c, h1);
+    check(h1, 1);
+  }
+  if (rank != 0) h2 = dispatch(2);
+  send_outputs(layer, c, h2);
+  check(h2, 2);
+  if (rank == 0) MPI_Wait(&req, MPI_STATUS_IGNORE);
   ctx.finalize();
 }
 
