@@ -214,6 +214,15 @@ void build(State& s, MPI_Comm user_comm) {
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
   MPI_Comm shared = MPI_COMM_NULL;
   UBEP_MPI_CHECK(s.rank, call, MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &shared));
+  // Which peers share this host (emulated nodes do): MPI reaches them through shared memory.
+  std::vector<std::uint8_t> off_host(s.size, 1);
+  {
+    int host_size = 0;
+    MPI_Comm_size(shared, &host_size);
+    std::vector<int> host_ranks(host_size);
+    UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&s.rank, 1, MPI_INT, host_ranks.data(), 1, MPI_INT, shared));
+    for (int r : host_ranks) off_host[r] = 0;
+  }
   if (vnodes.empty()) {
     s.node_comm = shared;
   } else {
@@ -295,9 +304,10 @@ void build(State& s, MPI_Comm user_comm) {
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.world_win, MPI_ERRORS_RETURN));
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.world_win));
     // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE.
-    s.mpi = std::make_unique<detail::MpiRmaTransport>(s.world_win, s.rank, s.size, s.options.mpi_signal_put,
-                                                      s.thread_level == MPI_THREAD_MULTIPLE, s.options.wait_timeout,
-                                                      s.options.poll);
+    s.mpi = std::make_unique<detail::MpiRmaTransport>(
+        s.world_win, s.rank, s.size, s.options.mpi_signal_put,
+        s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off", s.options.mpi_bounded == "all",
+        std::move(off_host), s.options.wait_timeout, s.options.poll);
   }
   s.uses_mpi = need_mpi;
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);

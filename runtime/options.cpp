@@ -159,6 +159,12 @@ Options Options::from_env() {
     if (t != "put" && t != "accumulate") bad("UBEP_MPI_SIGNAL", v, "expected put or accumulate");
     o.mpi_signal_put = t == "put";
   }
+  if (const char* v = env("UBEP_MPI_BOUNDED")) {
+    o.mpi_bounded = trim(v);
+    if (o.mpi_bounded != "auto" && o.mpi_bounded != "all" && o.mpi_bounded != "off") {
+      bad("UBEP_MPI_BOUNDED", v, "expected auto, all or off");
+    }
+  }
   return o;
 }
 
@@ -183,6 +189,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back(std::string("UBEP_TOPOLOGY_PROBE=") + (topology_probe ? "1" : "0"));
   out.push_back("UBEP_RUN_AHEAD=" + std::to_string(run_ahead));
   out.push_back(std::string("UBEP_MPI_SIGNAL=") + (mpi_signal_put ? "put" : "accumulate"));
+  out.push_back("UBEP_MPI_BOUNDED=" + mpi_bounded);
   return out;
 }
 

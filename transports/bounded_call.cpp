@@ -27,9 +27,13 @@ BoundedCaller::BoundedCaller(bool bounded, std::chrono::duration<double> timeout
     : bounded_(bounded && timeout.count() > 0), timeout_(timeout), poll_(poll), rank_(rank) {
   if (!bounded_) return;
   shared_ = std::make_shared<Shared>();
-  // The worker waits on a futex between calls; while a caller waits it only spins briefly and yields.
+  // Ranks are often bound one per core, so the worker shares the caller's core: the caller yields at
+  // once (the worker runs at that yield), and the worker sleeps on a futex right after a brief spin
+  // (spinning longer would steal the core from the caller it just answered).
   PollPolicy worker = poll;
-  worker.yield = std::min<std::uint32_t>(worker.yield, 64);
+  worker.spin = std::min<std::uint32_t>(worker.spin, 32);
+  worker.yield = 0;
+  poll_.spin = 0;
   worker_ = std::thread(work, shared_, worker);
 }
 

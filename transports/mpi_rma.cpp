@@ -11,8 +11,9 @@ namespace {
 constexpr std::size_t kChunk = std::size_t{1} << 30;
 }  // namespace
 
-MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded,
-                                 std::chrono::duration<double> timeout, const PollPolicy& poll)
+MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
+                                 std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout,
+                                 const PollPolicy& poll)
     : win_(win),
       rank_(rank),
       dirty_(nranks, 0),
@@ -20,7 +21,20 @@ MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_
       fenced_(nranks, 0),
       signal_put_(signal_put),
       word_updates_(nranks),
-      blocking_(bounded, timeout, poll, rank) {}
+      bounded_(std::move(off_host)),
+      blocking_(bounded, timeout, poll, rank) {
+  if (all) bounded_.assign(nranks, 1);
+}
+
+void MpiRmaTransport::blocking(const char* what, int pe, bool always, std::function<void()> fn) {
+  // Handing a call to the worker costs a thread switch (several microseconds on a shared core): only
+  // calls that can wait for the target pay it.
+  if (always || bounded_[pe]) {
+    blocking_.run(what, pe, std::move(fn));
+  } else {
+    fn();
+  }
+}
 
 void MpiRmaTransport::before_op(int pe) {
   if (any_fenced_ && fenced_[pe]) flush(pe);
@@ -72,7 +86,7 @@ const std::uint64_t* MpiRmaTransport::prepare_word_update(std::size_t offset, st
 }
 
 void MpiRmaTransport::flush_checked(int pe, const char* what) {
-  blocking_.run(what, pe, [win = win_, pe, rank = rank_] { UBEP_MPI_CHECK(rank, "flush", MPI_Win_flush(pe, win)); });
+  blocking(what, pe, false, [win = win_, pe, rank = rank_] { UBEP_MPI_CHECK(rank, "flush", MPI_Win_flush(pe, win)); });
 }
 
 void MpiRmaTransport::issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
@@ -129,28 +143,28 @@ std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std
   w[1] = operand;
   w[2] = compare;
   const auto disp = static_cast<MPI_Aint>(offset);
-  blocking_.run("fetching atomic (MPI_Fetch_and_op/MPI_Compare_and_swap + MPI_Win_flush_local)", pe,
-                [w, op, disp, pe, win = win_, rank = rank_] {
-                  switch (op) {
-                    case AtomicOp::fetch_add:
-                      UBEP_MPI_CHECK(rank, "atomic_fetch_add",
-                                     MPI_Fetch_and_op(&w[1], &w[0], MPI_UINT64_T, pe, disp, MPI_SUM, win));
-                      break;
-                    case AtomicOp::swap:
-                      UBEP_MPI_CHECK(rank, "atomic_swap",
-                                     MPI_Fetch_and_op(&w[1], &w[0], MPI_UINT64_T, pe, disp, MPI_REPLACE, win));
-                      break;
-                    case AtomicOp::fetch:
-                      UBEP_MPI_CHECK(rank, "atomic_fetch",
-                                     MPI_Fetch_and_op(nullptr, &w[0], MPI_UINT64_T, pe, disp, MPI_NO_OP, win));
-                      break;
-                    default:
-                      UBEP_MPI_CHECK(rank, "atomic_compare_swap",
-                                     MPI_Compare_and_swap(&w[1], &w[2], &w[0], MPI_UINT64_T, pe, disp, win));
-                      break;
-                  }
-                  UBEP_MPI_CHECK(rank, "atomic", MPI_Win_flush_local(pe, win));
-                });
+  blocking("fetching atomic (MPI_Fetch_and_op/MPI_Compare_and_swap + MPI_Win_flush_local)", pe, true,
+           [w, op, disp, pe, win = win_, rank = rank_] {
+             switch (op) {
+               case AtomicOp::fetch_add:
+                 UBEP_MPI_CHECK(rank, "atomic_fetch_add",
+                                MPI_Fetch_and_op(&w[1], &w[0], MPI_UINT64_T, pe, disp, MPI_SUM, win));
+                 break;
+               case AtomicOp::swap:
+                 UBEP_MPI_CHECK(rank, "atomic_swap",
+                                MPI_Fetch_and_op(&w[1], &w[0], MPI_UINT64_T, pe, disp, MPI_REPLACE, win));
+                 break;
+               case AtomicOp::fetch:
+                 UBEP_MPI_CHECK(rank, "atomic_fetch",
+                                MPI_Fetch_and_op(nullptr, &w[0], MPI_UINT64_T, pe, disp, MPI_NO_OP, win));
+                 break;
+               default:
+                 UBEP_MPI_CHECK(rank, "atomic_compare_swap",
+                                MPI_Compare_and_swap(&w[1], &w[2], &w[0], MPI_UINT64_T, pe, disp, win));
+                 break;
+             }
+             UBEP_MPI_CHECK(rank, "atomic", MPI_Win_flush_local(pe, win));
+           });
   mark(pe, false);
   return w[0];
 }
@@ -160,7 +174,7 @@ void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;
   const auto disp = static_cast<MPI_Aint>(offset);
   // osc ucx takes a remote lock for every accumulate: it can wait for the target like a flush.
-  blocking_.run("MPI_Accumulate", pe, [value, mop, disp, pe, win = win_, rank = rank_] {
+  blocking("MPI_Accumulate", pe, false, [value, mop, disp, pe, win = win_, rank = rank_] {
     UBEP_MPI_CHECK(rank, "signal/atomic", MPI_Accumulate(value, 1, MPI_UINT64_T, pe, disp, 1, MPI_UINT64_T, mop, win));
   });
   mark(pe, false);
@@ -213,8 +227,8 @@ void MpiRmaTransport::flush_all() {
 }
 
 void MpiRmaTransport::flush_local(int pe, const char* what) {
-  blocking_.run(what, pe,
-                [win = win_, pe, rank = rank_] { UBEP_MPI_CHECK(rank, "flush_local", MPI_Win_flush_local(pe, win)); });
+  blocking(what, pe, false,
+           [win = win_, pe, rank = rank_] { UBEP_MPI_CHECK(rank, "flush_local", MPI_Win_flush_local(pe, win)); });
 }
 
 void MpiRmaTransport::flush_data() {

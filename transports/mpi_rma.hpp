@@ -27,9 +27,10 @@ namespace ubep::detail {
 class MpiRmaTransport final : public Transport {
  public:
   /// signal_put: SignalOp::set signals as 8-byte MPI_Put instead of MPI_Accumulate (UBEP_MPI_SIGNAL).
-  /// bounded: blocking MPI calls get the deadline `timeout` (BoundedCaller).
-  MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded,
-                  std::chrono::duration<double> timeout, const PollPolicy& poll);
+  /// bounded: blocking MPI calls may get the deadline `timeout` (BoundedCaller): fetching atomics to
+  /// every peer, flushes and accumulates to peers with off_host[pe] != 0, or every call with `all`.
+  MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
+                  std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout, const PollPolicy& poll);
   const char* name() const noexcept override { return "mpi"; }
   void put(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
   void put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
@@ -78,6 +79,9 @@ class MpiRmaTransport final : public Transport {
     bool by_put;  // some update of this word in flight is a put (else all are accumulates)
   };
   std::vector<std::vector<WordUpdate>> word_updates_;  // per pe: updated words in flight
+  /// Runs a blocking MPI call on `pe` with the deadline where the policy says so, inline otherwise.
+  void blocking(const char* what, int pe, bool always, std::function<void()> fn);
+  std::vector<std::uint8_t> bounded_;  // per pe: flushes and accumulates get the deadline
   BoundedCaller blocking_;
 };
 

@@ -227,7 +227,10 @@ class Context {
   void flush(int pe);
 
   // ---- atomics on 64-bit words (8-byte aligned symmetric addresses) -----------------------------------
-  // All are complete on return and atomic with respect to each other, from every rank, on every route.
+  // Fetching ones are complete on return. Atomicity (README "Atomics"): with load/store atomics
+  // (atomics_through_mpi() false) all kinds are atomic with respect to each other; through MPI only one
+  // kind per word is (fetch_add/add, swap/set, or compare_swap, each with fetch), which this rank's own
+  // calls are checked for (Errc::unsupported).
   std::uint64_t atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe);
   /// Non-fetching add: complete remotely at the next quiet()/flush(pe); atomic like the others.
   void atomic_add(std::uint64_t* dest, std::uint64_t value, int pe);

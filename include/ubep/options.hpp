@@ -59,6 +59,13 @@ struct Options {
   /// SignalOp::add is always MPI_Accumulate(MPI_SUM). Open MPI 4.1's osc ucx runs every accumulate under
   /// a remote lock (two to three round trips); see README "Signals on the mpi route".
   bool mpi_signal_put = true;
+  /// UBEP_MPI_BOUNDED: which blocking MPI calls of the mpi route get the wait deadline (they then run on
+  /// a worker thread while the caller polls; see context.hpp "Deadlines"). "auto" (default): every call
+  /// to a peer on another host, and fetching atomics to any peer (osc ucx emulates them at the target);
+  /// flushes and accumulates to a peer on the same host run inline, since MPI completes them through
+  /// shared memory without the target. "all": every call (for UCX_TLS without shared memory on one
+  /// host). "off": none (every call inline, unbounded).
+  std::string mpi_bounded = "auto";
 
   /// Reads every UBEP_* variable once. Throws Errc::invalid_argument naming the variable and the value
   /// when one cannot be parsed.

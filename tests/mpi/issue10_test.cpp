@@ -22,6 +22,15 @@ Options opts(std::size_t mib = 8) {
   return o;
 }
 
+// Contexts left unfinalized keep their windows until MPI_Finalize; MPICH 4.0.2's UCX then asserts in
+// MPI_Finalize (rcache refcount), after the tests passed. README "Teardown" says so.
+bool mpi_finalize_survives_unfreed_windows() {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  return std::string(lib, len).find("MPICH") == std::string::npos;
+}
+
 struct alignas(256) Wide {
   std::uint64_t v[32];
 };
@@ -53,6 +62,7 @@ TEST(Issue10, HeapIsAligned) {
 
 // Item 3: ~Context releases local resources only: it must not wait for peers that never come.
 TEST(Issue10, DestructorDoesNotCommunicate) {
+  if (!mpi_finalize_survives_unfreed_windows()) GTEST_SKIP() << "MPICH aborts in MPI_Finalize on unfreed windows";
   Options o = opts();
   o.wait_timeout = std::chrono::duration<double>(6.0);
   double took = 0;
@@ -79,6 +89,7 @@ TEST(Issue10, DestructorDoesNotCommunicate) {
 
 // Item 3: a finalize() that throws leaves no running progress thread behind (std::terminate).
 TEST(Issue10, FailedFinalizeJoinsProgressThread) {
+  if (!mpi_finalize_survives_unfreed_windows()) GTEST_SKIP() << "MPICH aborts in MPI_Finalize on unfreed windows";
   Options o = opts();
   o.progress_thread = true;
   o.wait_timeout = std::chrono::duration<double>(1.0);
@@ -318,7 +329,10 @@ TEST(Issue10, CompareSwapLockIsExclusive) {
     ++v;
     ctx.put(shared.data(), &v, 8, 0);
     ctx.quiet();
-    ASSERT_EQ(ctx.atomic_compare_swap(lock.data(), me, 0, 0), me) << "the lock was held by someone else";
+    // Load/store promises atomicity among all kinds: release with swap every other time there.
+    const std::uint64_t held = !ctx.atomics_through_mpi() && i % 2 ? ctx.atomic_swap(lock.data(), 0, 0)
+                                                                   : ctx.atomic_compare_swap(lock.data(), me, 0, 0);
+    ASSERT_EQ(held, me) << "the lock was held by someone else";
   }
   ctx.barrier();
   if (ctx.rank() == 0) EXPECT_EQ(shared[0], static_cast<std::uint64_t>(competitors) * kIters);

@@ -62,6 +62,21 @@ TEST(Options, MpiSignal) {
   EXPECT_NE(what.find("cas"), std::string::npos) << what;
 }
 
+TEST(Options, MpiBounded) {
+  unsetenv("UBEP_MPI_BOUNDED");
+  EXPECT_EQ(Options::from_env().mpi_bounded, "auto") << "the default is auto";
+  for (const auto& [text, want] : {std::pair{"all", "all"}, std::pair{"off", "off"}, std::pair{" auto ", "auto"}}) {
+    Env e("UBEP_MPI_BOUNDED", text);
+    EXPECT_EQ(Options::from_env().mpi_bounded, want) << text;
+  }
+  const std::string what = error_of("UBEP_MPI_BOUNDED", "some");
+  EXPECT_NE(what.find("UBEP_MPI_BOUNDED"), std::string::npos) << what;
+  Env e("UBEP_MPI_BOUNDED", "all");
+  bool found = false;
+  for (const std::string& line : Options::from_env().describe()) found = found || line == "UBEP_MPI_BOUNDED=all";
+  EXPECT_TRUE(found);
+}
+
 TEST(Options, DescribeListsEveryVariable) {
   Env e("UBEP_MPI_SIGNAL", "accumulate");
   bool found = false;
