@@ -45,6 +45,8 @@ TEST(Issue10, HeapIsAligned) {
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(byte.data()) % 64, 0u);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(wide.data()) % 256, 0u);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(word.data()) % 64, 0u);
+  for (int i = 0; i < 3; ++i) word[i] = 0;  // alloc leaves memory uninitialized
+  ctx.barrier();
   // The displacement of an aligned object is right on every route: a put lands exactly there.
   Wide w{};
   for (int i = 0; i < 32; ++i) w.v[i] = static_cast<std::uint64_t>(me) * 1000 + i;
