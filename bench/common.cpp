@@ -1,7 +1,5 @@
 #include "bench/common.hpp"
 
-#include <sched.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -17,10 +15,9 @@
 namespace ubep::bench {
 
 void mpi_fail(int code, const char* call) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
-  throw std::runtime_error(std::string("baseline MPI call failed: ") + call + ": " + std::string(text, len));
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ubep::throw_mpi_error(code, rank, "baseline", call);
 }
 
 std::vector<std::size_t> Settings::sizes() const {
@@ -111,22 +108,6 @@ std::byte* Window::peer_base(int rank) const {
   void* ptr = nullptr;
   UBEP_BENCH_MPI(MPI_Win_shared_query(win_, rank, &size, &disp, &ptr));
   return static_cast<std::byte*>(ptr);
-}
-
-bool Poll::pause() {
-  ++polls_;
-  if (polls_ <= 100) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
-    return polls_ % 32 == 0;
-  }
-  // Once yielding, a poll costs microseconds anyway; calling MPI on every one keeps RMA aimed at this
-  // rank (which may need the target to progress) from waiting for 32 time slices of other processes.
-  sched_yield();
-  return true;
 }
 
 // ---- Bench ---------------------------------------------------------------------------------------------

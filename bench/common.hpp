@@ -25,7 +25,8 @@
 
 namespace ubep::bench {
 
-/// Throws std::runtime_error naming the call and MPI's error string when an MPI call of a baseline fails.
+/// Throws ubep::Error(Errc::mpi) ("ubep: rank R: baseline: <call> failed: <MPI's error string>", see
+/// ubep::throw_mpi_error) when an MPI call of a baseline fails.
 /// The baselines' communicators and windows use MPI_ERRORS_RETURN so that failures come back here.
 #define UBEP_BENCH_MPI(call)                                                           \
   do {                                                                                 \
@@ -203,17 +204,6 @@ class Window {
 void fill_pattern(void* dst, std::size_t bytes, std::uint32_t seed);
 /// True when `bytes` bytes at `src` hold fill_pattern(seed); otherwise prints the first bad offset.
 bool check_pattern(const void* src, std::size_t bytes, std::uint32_t seed, const char* what);
-
-/// The back-off of every polling loop in the baselines: ~100 polls with a pause, then sched_yield()
-/// per poll, because two ranks may share a core. pause() returns true when it is time to call into MPI:
-/// every 32 polls while spinning, every poll once yielding.
-class Poll {
- public:
-  bool pause();
-
- private:
-  std::uint64_t polls_ = 0;
-};
 
 /// Median of a non-empty vector.
 double median(std::vector<double> v);

@@ -7,10 +7,12 @@
 //   raw_shm       the floor: memcpy into the peer's MPI_Win_allocate_shared segment and a release store
 //                 of a flag, which the peer polls (only when both ranks share a node, "n/a" otherwise).
 // Every signal carries an epoch (the iteration number, never reset), and waits compare with >=, as
-// DESIGN.md requires. Every polling loop backs off to sched_yield(), since the two ranks may share a core.
+// DESIGN.md requires. Every polling loop uses ubep's back-off (base/poll.hpp, policy UBEP_POLL), since
+// the two ranks may share a core.
 #include <atomic>
 #include <cstring>
 
+#include "base/poll.hpp"
 #include "bench/common.hpp"
 
 namespace {
@@ -78,8 +80,8 @@ class SendRecvImpl final : public Impl {
 
 class RmaImpl final : public Impl {
  public:
-  RmaImpl(Window::Kind kind, MPI_Comm comm, std::size_t max_size, int peer)
-      : comm_(comm), win_(kind, kHeader + max_size, comm), src_(max_size), peer_(peer) {}
+  RmaImpl(Window::Kind kind, MPI_Comm comm, std::size_t max_size, int peer, const ubep::PollPolicy& poll)
+      : comm_(comm), win_(kind, kHeader + max_size, comm), src_(max_size), peer_(peer), poll_(poll) {}
   void send(std::size_t size, std::uint64_t epoch) override {
     MPI_Win w = win_.get();
     if (size) {
@@ -95,7 +97,7 @@ class RmaImpl final : public Impl {
   }
   void wait(std::size_t, std::uint64_t epoch) override {
     MPI_Win w = win_.get();
-    Poll poll;
+    ubep::detail::Backoff poll(poll_);
     while (load_acquire(win_.base()) < epoch) {
       UBEP_BENCH_MPI(MPI_Win_sync(w));
       if (poll.pause()) {
@@ -115,12 +117,13 @@ class RmaImpl final : public Impl {
   Buffer src_;
   int peer_;
   std::uint64_t operand_ = 0;
+  ubep::PollPolicy poll_;
 };
 
 class RawShmImpl final : public Impl {
  public:
-  RawShmImpl(MPI_Comm node_comm, std::size_t max_size, int node_peer)
-      : win_(Window::Kind::allocate_shared, kHeader + max_size, node_comm), src_(max_size) {
+  RawShmImpl(MPI_Comm node_comm, std::size_t max_size, int node_peer, const ubep::PollPolicy& poll)
+      : win_(Window::Kind::allocate_shared, kHeader + max_size, node_comm), src_(max_size), poll_(poll) {
     peer_ = win_.peer_base(node_peer);
   }
   void send(std::size_t size, std::uint64_t epoch) override {
@@ -128,7 +131,7 @@ class RawShmImpl final : public Impl {
     std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(peer_)).store(epoch, std::memory_order_release);
   }
   void wait(std::size_t, std::uint64_t epoch) override {
-    Poll poll;
+    ubep::detail::Backoff poll(poll_);
     while (load_acquire(win_.base()) < epoch) poll.pause();
   }
   const std::byte* received() const override { return win_.base() + kHeader; }
@@ -138,6 +141,7 @@ class RawShmImpl final : public Impl {
   Window win_;
   Buffer src_;
   std::byte* peer_ = nullptr;
+  ubep::PollPolicy poll_;
 };
 
 /// One checked round trip of `impl` at `size`: each side sends its own pattern, the receiver checks it,
@@ -192,6 +196,8 @@ int main(int argc, char** argv) {
   spec.default_max_size = std::size_t{1} << 20;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
     ubep::Context& ctx = b.ctx();
+    // The baselines poll with ubep's own back-off and policy (UBEP_POLL), so the comparison is fair.
+    const ubep::PollPolicy& poll = ctx.options().poll;
     const Settings& s = b.settings();
     const int peer = 1 - b.rank();
 
@@ -208,9 +214,9 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<Impl>> impls;
     impls.push_back(std::make_unique<UbepImpl>(ctx, s.max_size, peer));
     impls.push_back(std::make_unique<SendRecvImpl>(b.comm(), s.max_size, peer));
-    impls.push_back(std::make_unique<RmaImpl>(Window::Kind::allocate, b.comm(), s.max_size, peer));
-    impls.push_back(std::make_unique<RmaImpl>(Window::Kind::create, b.comm(), s.max_size, peer));
-    if (shared) impls.push_back(std::make_unique<RawShmImpl>(node_comm, s.max_size, 1 - node_rank));
+    impls.push_back(std::make_unique<RmaImpl>(Window::Kind::allocate, b.comm(), s.max_size, peer, poll));
+    impls.push_back(std::make_unique<RmaImpl>(Window::Kind::create, b.comm(), s.max_size, peer, poll));
+    if (shared) impls.push_back(std::make_unique<RawShmImpl>(node_comm, s.max_size, 1 - node_rank, poll));
     const char* names[] = {"ubep", "mpi_sendrecv", "mpi_rma", "mpi_rma_create", "raw_shm"};
 
     b.start({"one-way latency = half the median round trip of a ping-pong between ranks 0 and 1, in microseconds:",

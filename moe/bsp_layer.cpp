@@ -9,16 +9,6 @@
 
 namespace ubep::moe {
 namespace {
-void check(int rc, int rank, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw Error(Errc::mpi,
-              "ubep: rank " + std::to_string(rank) + ": moe::BspLayer: " + what + " failed: " + std::string(text, len),
-              rc);
-}
-
 int as_int(std::size_t v, int rank, const char* what) {
   if (v > static_cast<std::size_t>(INT_MAX)) {
     throw Error(Errc::overflow, "ubep: rank " + std::to_string(rank) + ": moe::BspLayer: " + what + " of " +
@@ -37,7 +27,8 @@ void BspLayer::send(HandleState& h, std::span<const std::byte> tokens, std::span
   MPI_Comm comm = ctx_.comm();
   // Counts: [P x L] ints to every rank.
   std::vector<int> rc(static_cast<std::size_t>(P) * L);
-  check(MPI_Alltoall(h.send_counts.data(), L, MPI_INT, rc.data(), L, MPI_INT, comm), rank_, "MPI_Alltoall");
+  check_mpi(MPI_Alltoall(h.send_counts.data(), L, MPI_INT, rc.data(), L, MPI_INT, comm), rank_, "moe::BspLayer",
+            "MPI_Alltoall");
   // Pack by (destination, local expert, j): exactly the order of coffset.
   const std::size_t total = h.coffset.empty() ? 0 : h.coffset.back() + h.send_counts.back();
   // Buffers persist across calls (sendbuf_ and the recycled handle vectors): a fresh vector per call would
@@ -73,9 +64,9 @@ void BspLayer::send(HandleState& h, std::span<const std::byte> tokens, std::span
     rtotal += from;
   }
   h.bsp_recv.resize(rtotal * token_bytes_);
-  check(MPI_Alltoallv(sendbuf.data(), scounts.data(), sdispl.data(), MPI_BYTE, h.bsp_recv.data(), rcounts.data(),
-                      rdispl.data(), MPI_BYTE, comm),
-        rank_, "MPI_Alltoallv (tokens)");
+  check_mpi(MPI_Alltoallv(sendbuf.data(), scounts.data(), sdispl.data(), MPI_BYTE, h.bsp_recv.data(), rcounts.data(),
+                          rdispl.data(), MPI_BYTE, comm),
+            rank_, "moe::BspLayer", "MPI_Alltoallv (tokens)");
   // Regroup by local expert: inside each source's block, tokens are ordered by local expert.
   for (int le = 0; le < local_experts(); ++le) {
     regroup(h, le, [&](int s) {
@@ -143,9 +134,9 @@ void BspLayer::combine_recv(Handle& h, std::span<float> out) {
     rcounts[p] = as_int(to * out_token_bytes_, rank_, "combine receive block");
     rdispl[p] = as_int(s.coffset[static_cast<std::size_t>(p) * L] * out_token_bytes_, rank_, "combine displacement");
   }
-  check(MPI_Alltoallv(s.bsp_csend.data(), scounts.data(), sdispl.data(), MPI_BYTE, s.bsp_crecv.data(), rcounts.data(),
-                      rdispl.data(), MPI_BYTE, ctx_.comm()),
-        rank_, "MPI_Alltoallv (outputs)");
+  check_mpi(MPI_Alltoallv(s.bsp_csend.data(), scounts.data(), sdispl.data(), MPI_BYTE, s.bsp_crecv.data(),
+                          rcounts.data(), rdispl.data(), MPI_BYTE, ctx_.comm()),
+            rank_, "moe::BspLayer", "MPI_Alltoallv (outputs)");
   reduce(s, s.bsp_crecv.data(), out);
   s.bsp_recv.swap(recv_);
   s.bsp_csend.swap(csend_);

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <vector>
 
-#include "runtime/mpi_check.hpp"
-#include "runtime/poll.hpp"
+#include "base/mpi_check.hpp"
+#include "base/poll.hpp"
 #include "runtime/state.hpp"
 
 namespace ubep::detail {

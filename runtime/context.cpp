@@ -1,5 +1,6 @@
 #include "ubep/context.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -7,14 +8,15 @@
 #include <functional>
 #include <sstream>
 
-#include "runtime/mpi_check.hpp"
+#include "base/log.hpp"
+#include "base/mpi_check.hpp"
 #include "runtime/state.hpp"
 #include "topology/discover.hpp"
 
 namespace ubep {
 namespace detail {
 
-std::string State::prefix(const char* call) const { return "ubep: rank " + std::to_string(rank) + ": " + call + ": "; }
+std::string State::prefix(const char* call) const { return message_prefix(rank, call); }
 
 void State::fail(Errc code, const char* call, const std::string& what) const { throw Error(code, prefix(call) + what); }
 
@@ -364,10 +366,10 @@ Context::~Context() {
   // left to MPI_Finalize, since freeing them is collective.
   state_->stop_progress_thread();
   state_->finalized = true;
-  std::fprintf(stderr,
-               "ubep: rank %d: ~Context: the context was not finalized (call finalize() on every rank); "
-               "released local resources only%s\n",
-               state_->rank, std::uncaught_exceptions() ? " while an exception unwinds" : "");
+  detail::warn(
+      state_->rank, "~Context",
+      std::string("the context was not finalized (call finalize() on every rank); released local resources only") +
+          (std::uncaught_exceptions() ? " while an exception unwinds" : ""));
 }
 
 void Context::finalize() {
@@ -406,7 +408,30 @@ int Context::node() const { return state_->node_id; }
 std::span<const int> Context::node_ranks() const { return state_->node_ranks; }
 const Topology& Context::topology() const { return state_->topology; }
 int Context::thread_level() const { return state_->thread_level; }
-detail::State& Context::state() const { return *state_; }
+namespace {
+std::string memory_model(MPI_Win win) {
+  if (win == MPI_WIN_NULL) return "none";
+  int* model = nullptr;
+  int flag = 0;
+  if (MPI_Win_get_attr(win, MPI_WIN_MODEL, &model, &flag) != MPI_SUCCESS || !flag || !model) return "unknown";
+  return *model == MPI_WIN_UNIFIED ? "MPI_WIN_UNIFIED" : "MPI_WIN_SEPARATE";
+}
+}  // namespace
+
+RuntimeInfo Context::info() const {
+  const State& s = *state_;
+  s.check_alive("info");
+  RuntimeInfo out;
+  out.node_window_model = memory_model(s.node_win);
+  out.world_window_model = memory_model(s.world_win);
+  out.routes = s.routes;
+  for (Route r : {Route::self, Route::shm, Route::mpi}) {
+    const bool used = std::find(s.routes.begin(), s.routes.end(), r) != s.routes.end() ||
+                      (r == Route::mpi && s.mpi && s.atomics == s.mpi.get());
+    if (used) out.transports.emplace_back(to_string(r));
+  }
+  return out;
+}
 std::shared_ptr<detail::State> Context::state_ptr() const { return state_; }
 
 void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align) {

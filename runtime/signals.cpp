@@ -3,8 +3,8 @@
 #include <atomic>
 #include <sstream>
 
-#include "runtime/mpi_check.hpp"
-#include "runtime/poll.hpp"
+#include "base/mpi_check.hpp"
+#include "base/poll.hpp"
 #include "runtime/state.hpp"
 
 namespace ubep {

@@ -1,5 +1,5 @@
-// The whole state of one Context (private). Context, Symmetric and the moe/ layer reach it through
-// Context::state(); nothing here is installed.
+// The whole state of one Context (private to the runtime layer). Context and Symmetric reach it through
+// their shared_ptr<detail::State>; no other layer includes this file, and nothing here is installed.
 #pragma once
 
 #include <mpi.h>

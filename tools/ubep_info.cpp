@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/state.hpp"
-#include "topology/discover.hpp"
 #include "ubep/ubep.hpp"
 
 namespace {
@@ -25,15 +23,6 @@ const char* thread_level_name(int level) {
   return "unknown";
 }
 
-std::string memory_model(MPI_Win win) {
-  if (win == MPI_WIN_NULL) return "none";
-  int* model = nullptr;
-  int flag = 0;
-  MPI_Win_get_attr(win, MPI_WIN_MODEL, &model, &flag);
-  if (!flag) return "unknown";
-  return *model == MPI_WIN_UNIFIED ? "MPI_WIN_UNIFIED" : "MPI_WIN_SEPARATE";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,10 +34,10 @@ int main(int argc, char** argv) {
 
   try {
     ubep::Context ctx;  // initializes MPI
-    ubep::detail::State& st = ctx.state();
+    const ubep::RuntimeInfo info = ctx.info();
     const int n = ctx.size();
     std::vector<int> row(n), matrix(static_cast<std::size_t>(n) * n);
-    for (int pe = 0; pe < n; ++pe) row[pe] = static_cast<int>(ctx.route(pe));
+    for (int pe = 0; pe < n; ++pe) row[pe] = static_cast<int>(info.routes[pe]);
     if (MPI_Gather(row.data(), n, MPI_INT, matrix.data(), n, MPI_INT, 0, ctx.comm()) != MPI_SUCCESS) {
       throw ubep::Error(ubep::Errc::mpi, "ubep-info: MPI_Gather of the route table failed");
     }
@@ -69,11 +58,12 @@ int main(int argc, char** argv) {
       j["mpi"] = {{"library", lib},
                   {"standard", std::to_string(major) + "." + std::to_string(minor)},
                   {"thread_level", thread_level_name(ctx.thread_level())},
-                  {"node_window_model", memory_model(st.node_win)},
-                  {"world_window_model", memory_model(st.world_win)}};
+                  {"node_window_model", info.node_window_model},
+                  {"world_window_model", info.world_window_model}};
       j["ranks"] = n;
       j["nodes"] = ctx.topology().num_nodes();
       j["atomics"] = ctx.atomics_through_mpi() ? "mpi" : "load/store";
+      j["transports"] = info.transports;  // rank 0's
       j["options"] = ctx.options().describe();
       j["routes"] = nlohmann::json::array();
       for (int r = 0; r < n; ++r) {
@@ -81,7 +71,7 @@ int main(int argc, char** argv) {
         for (int pe = 0; pe < n; ++pe) rr.push_back(ubep::to_string(static_cast<ubep::Route>(matrix[r * n + pe])));
         j["routes"].push_back(rr);
       }
-      if (topology) j["topology"] = nlohmann::json::parse(ubep::detail::describe_topology(ctx.topology(), sched, true));
+      if (topology) j["topology"] = nlohmann::json::parse(ubep::describe_topology(ctx.topology(), sched, true));
       if (json) {
         std::cout << j.dump(2) << "\n";
       } else {
@@ -90,11 +80,14 @@ int main(int argc, char** argv) {
                   << "# MPI library:    " << lib << "\n"
                   << "# MPI standard:   " << major << "." << minor << "\n"
                   << "# thread level:   " << thread_level_name(ctx.thread_level()) << "\n"
-                  << "# window model:   node " << memory_model(st.node_win) << ", world " << memory_model(st.world_win)
+                  << "# window model:   node " << info.node_window_model << ", world " << info.world_window_model
                   << "\n"
                   << "# ranks / nodes:  " << n << " / " << ctx.topology().num_nodes() << "\n"
                   << "# atomics:        "
-                  << (ctx.atomics_through_mpi() ? "mpi (some peer is off-node or forced)" : "load/store") << "\n";
+                  << (ctx.atomics_through_mpi() ? "mpi (some peer is off-node or forced)" : "load/store") << "\n"
+                  << "# transports:    ";
+        for (const auto& t : info.transports) std::cout << " " << t;
+        std::cout << " (rank 0)\n";
         for (const auto& line : ctx.options().describe()) std::cout << "# " << line << "\n";
         std::cout << "# route table (row = origin rank, column = target rank)\n      ";
         for (int pe = 0; pe < n; ++pe) std::cout << " " << std::setw(4) << pe;
@@ -105,7 +98,7 @@ int main(int argc, char** argv) {
             std::cout << " " << std::setw(4) << ubep::to_string(static_cast<ubep::Route>(matrix[r * n + pe]));
           std::cout << "\n";
         }
-        if (topology) std::cout << ubep::detail::describe_topology(ctx.topology(), sched, false);
+        if (topology) std::cout << ubep::describe_topology(ctx.topology(), sched, false);
       }
     }
     ctx.finalize();

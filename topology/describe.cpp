@@ -11,7 +11,10 @@
 #include <nlohmann/json.hpp>
 #endif
 
-namespace ubep::detail {
+namespace ubep {
+
+using detail::format_int_list;
+
 namespace {
 
 const char* short_code(Distance d) {
@@ -156,4 +159,4 @@ std::string describe_topology(const Topology& topo, ScheduleKind kind, bool json
   return out.str();
 }
 
-}  // namespace ubep::detail
+}  // namespace ubep

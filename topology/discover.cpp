@@ -19,15 +19,7 @@
 namespace ubep::detail {
 namespace {
 
-void check_mpi(int rc, int rank, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw Error(
-      Errc::mpi,
-      "ubep: rank " + std::to_string(rank) + ": gather_topology: " + call + " failed: " + std::string(text, len), rc);
-}
+void check_mpi(int rc, int rank, const char* call) { ubep::check_mpi(rc, rank, "gather_topology", call); }
 
 std::vector<int> my_affinity() {
   cpu_set_t set;

@@ -22,8 +22,4 @@ std::vector<int> parse_virtual_nodes(const std::string& spec, int nranks);
 /// overrides the node of each rank (UBEP_VIRTUAL_NODES) and is reported as an override.
 Topology gather_topology(MPI_Comm comm, const Options& options, std::span<const int> vnode_of_rank);
 
-/// Human-readable (or JSON) report for ubep-info --topology: per-rank placement, the distance-class
-/// matrix, each rank's schedule under `kind`, overrides and unbound-rank advice.
-std::string describe_topology(const Topology& topo, ScheduleKind kind, bool json);
-
 }  // namespace ubep::detail

@@ -3,7 +3,7 @@
 #include <sstream>
 #include <utility>
 
-#include "runtime/poll.hpp"
+#include "base/poll.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::detail {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "runtime/mpi_check.hpp"
+#include "base/mpi_check.hpp"
 
 namespace ubep::detail {
 namespace {

@@ -40,97 +40,25 @@
 
 #include "ubep/error.hpp"
 #include "ubep/options.hpp"
+#include "ubep/signal.hpp"
+#include "ubep/symmetric.hpp"
 
 namespace ubep {
 
 class Topology;
 
-namespace detail {
-class State;
-/// Local (non-collective, non-throwing) release of a symmetric object; used by destructors.
-void release_symmetric(State& state, void* ptr) noexcept;
-void free_symmetric(State& state, void* ptr);
-}  // namespace detail
-
-/// How a rank reaches a peer. Lower is cheaper.
-enum class Route : std::uint8_t {
-  self,  ///< the rank itself: memcpy
-  shm,   ///< a rank on the same node: direct load/store into its mapped heap
-  mpi,   ///< MPI passive-target RMA on the world window
-};
-const char* to_string(Route route) noexcept;
-
-/// What a signal update does to the 64-bit signal word.
-enum class SignalOp : std::uint8_t { set, add };
-/// The comparison a wait applies: `signal <cmp> value`.
-enum class Cmp : std::uint8_t { eq, ne, gt, ge, lt, le };
-const char* to_string(SignalOp op) noexcept;
-const char* to_string(Cmp cmp) noexcept;
-
-/// In the per-signal value forms of wait_until_all/any/some, a value of kSignalIgnored leaves that signal
-/// out of the wait: it is neither required (all) nor returned (any, some), nor named in a timeout report.
-inline constexpr std::uint64_t kSignalIgnored = ~std::uint64_t{0};
-
-/// Per-call settings of a wait.
-struct WaitOptions {
-  /// Deadline for this wait; unset = Options::wait_timeout (UBEP_WAIT_TIMEOUT).
-  std::optional<std::chrono::duration<double>> timeout{};
-  /// The ranks expected to write the signals, for the timeout report: one rank for all signals, or one
-  /// rank per signal (same length as the signal set). Empty = unknown; -1 = unknown for that signal; any
-  /// other value outside [0, size) throws Errc::out_of_range.
-  std::span<const int> writers{};
-  /// A name for the report ("moe dispatch counts", ...). May be null.
-  const char* what = nullptr;
-};
-
-/// A collectively allocated array of T in the symmetric heap. Move-only. data() is the local copy; the
-/// same pointer names the peer's copy in put/get/atomics. free() is collective and checked across ranks;
-/// the destructor releases the object locally (every rank must destroy it in the same order, which the
-/// next collective allocation verifies) and never throws.
-template <class T>
-class Symmetric {
-  static_assert(std::is_trivially_copyable_v<T>, "symmetric objects must be trivially copyable");
-
- public:
-  Symmetric() = default;
-  Symmetric(Symmetric&& other) noexcept { swap(other); }
-  Symmetric& operator=(Symmetric&& other) noexcept {
-    Symmetric(std::move(other)).swap(*this);
-    return *this;
-  }
-  Symmetric(const Symmetric&) = delete;
-  Symmetric& operator=(const Symmetric&) = delete;
-  ~Symmetric() {
-    if (state_ && ptr_) detail::release_symmetric(*state_, ptr_);
-  }
-
-  T* data() const noexcept { return ptr_; }
-  std::size_t size() const noexcept { return count_; }
-  std::size_t size_bytes() const noexcept { return count_ * sizeof(T); }
-  std::span<T> local() const noexcept { return {ptr_, count_}; }
-  T& operator[](std::size_t i) const noexcept { return ptr_[i]; }
-
-  /// Collective: frees the object on every rank; throws Errc::collective_mismatch when ranks free
-  /// different objects. Completes outstanding operations first.
-  void free() {
-    if (state_ && ptr_) detail::free_symmetric(*state_, ptr_);
-    state_.reset();
-    ptr_ = nullptr;
-    count_ = 0;
-  }
-
- private:
-  friend class Context;
-  Symmetric(std::shared_ptr<detail::State> state, T* ptr, std::size_t count)
-      : state_(std::move(state)), ptr_(ptr), count_(count) {}
-  void swap(Symmetric& other) noexcept {
-    std::swap(state_, other.state_);
-    std::swap(ptr_, other.ptr_);
-    std::swap(count_, other.count_);
-  }
-  std::shared_ptr<detail::State> state_;
-  T* ptr_ = nullptr;
-  std::size_t count_ = 0;
+/// What a Context runs on, as seen by this rank (Context::info()); for tools such as ubep-info and for logs.
+struct RuntimeInfo {
+  /// MPI_WIN_MODEL of the node window (the shm route's MPI_Win_allocate_shared) and of the world window
+  /// (the mpi route's MPI_Win_create): "MPI_WIN_UNIFIED", "MPI_WIN_SEPARATE", "unknown" (MPI did not
+  /// say) or "none" (this context has no such window: a transport list without shm, a single node...).
+  std::string node_window_model;
+  std::string world_window_model;
+  /// route(pe) for every pe of the communicator.
+  std::vector<Route> routes;
+  /// The transports this rank uses, cheapest first: names of the routes in `routes`, plus "mpi" when the
+  /// atomics go through MPI.
+  std::vector<std::string> transports;
 };
 
 /// The runtime for one communicator. Move-only; collective to create and to finalize.
@@ -294,26 +222,13 @@ class Context {
   /// Lets MPI progress and delivers deferred signals; for long loops that do not otherwise call ubep.
   void progress();
 
-  /// Internal state (for ubep's own layers: moe/, tools/).
-  detail::State& state() const;
+  /// What this rank runs on (MPI window models, routes, transports in use), for tools and logs.
+  RuntimeInfo info() const;
 
  private:
   std::shared_ptr<detail::State> state_ptr() const;
   void* alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align);
   std::shared_ptr<detail::State> state_;
 };
-
-/// True when `*sig <cmp> value`.
-constexpr bool compare(std::uint64_t sig, Cmp cmp, std::uint64_t value) noexcept {
-  switch (cmp) {
-    case Cmp::eq: return sig == value;
-    case Cmp::ne: return sig != value;
-    case Cmp::gt: return sig > value;
-    case Cmp::ge: return sig >= value;
-    case Cmp::lt: return sig < value;
-    case Cmp::le: return sig <= value;
-  }
-  return false;
-}
 
 }  // namespace ubep

@@ -42,6 +42,17 @@ class Error : public std::runtime_error {
   int native_;
 };
 
+/// Throws Error(Errc::mpi) for the failed MPI call `call` made by ubep operation `where` on `rank`:
+/// "ubep: rank R: where: call failed: <MPI_Error_string(code)>", with native() == code. Every MPI error
+/// ubep reports (runtime, topology, the MoE BSP baseline, the benchmarks) is built here.
+[[noreturn]] void throw_mpi_error(int code, int rank, const char* where, const char* call);
+
+/// check_mpi(MPI_Alltoall(...), rank, "my_step", "MPI_Alltoall"): throws as throw_mpi_error unless `rc`
+/// is MPI_SUCCESS (0 in every MPI). For MPI calls on communicators with MPI_ERRORS_RETURN.
+inline void check_mpi(int rc, int rank, const char* where, const char* call) {
+  if (rc != 0) throw_mpi_error(rc, rank, where, call);
+}
+
 /// Thrown when a collective allocation does not fit in the symmetric heap. It is a std::bad_alloc, so
 /// generic out-of-memory handling catches it; the message names UBEP_HEAP_SIZE and the size to set.
 class OutOfHeap : public std::bad_alloc {

@@ -86,4 +86,9 @@ class Topology {
 /// self last, since it costs only a local copy; `linear` and `shifted` keep it at its natural position).
 std::vector<int> schedule(const Topology& topo, int rank, ScheduleKind kind);
 
+/// The report behind `ubep-info --topology`: per-rank placement (marked OVERRIDE where synthetic or
+/// emulated), the distance-class matrix, each rank's schedule under `kind`, and advice for unbound ranks;
+/// as text, or as one JSON document when `json` (Errc::unsupported in a build without nlohmann-json).
+std::string describe_topology(const Topology& topo, ScheduleKind kind, bool json);
+
 }  // namespace ubep

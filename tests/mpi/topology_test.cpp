@@ -137,7 +137,7 @@ TEST(TopologyMpi, VirtualNodesSplitAsAsked) {
   EXPECT_EQ(topo2.distance(0, 1), ubep::Distance::system);
   if (n > 2) EXPECT_EQ(topo2.distance(0, 2), ubep::Distance::node);  // unbound on one (emulated) node
   expect_same_on_all_ranks(topo2);
-  const std::string text = ubep::detail::describe_topology(topo2, ubep::ScheduleKind::topology, false);
+  const std::string text = ubep::describe_topology(topo2, ubep::ScheduleKind::topology, false);
   EXPECT_NE(text.find("OVERRIDE (emulated): UBEP_VIRTUAL_NODES=" + spec), std::string::npos) << text;
 }
 

@@ -47,7 +47,7 @@ TEST(EmulatedNodes, TopologyAndRoutesSeeRealHosts) {
     EXPECT_EQ(ctx.route(a), want) << "route to rank " << a;
   }
   // What `ubep-info --topology` prints from the same Topology.
-  const std::string text = detail::describe_topology(topo, ScheduleKind::topology, false);
+  const std::string text = describe_topology(topo, ScheduleKind::topology, false);
   EXPECT_NE(text.find(std::to_string(n) + " ranks on " + std::to_string(nodes) + " nodes"), std::string::npos) << text;
   if (per_node > 1) EXPECT_NE(text.find(" Nd"), std::string::npos) << text;
   EXPECT_NE(text.find(switches >= 2 ? " Sw" : " Sy"), std::string::npos) << text;

@@ -212,14 +212,14 @@ TEST(TopologyHwloc, DescribeTextAndJson) {
   places[1].core = 0;
   places[0].cpuset = places[1].cpuset = "0";
   ubep::Topology topo(places, {}, {"UBEP_VIRTUAL_NODES=2 (emulated nodes)", "HWLOC_SYNTHETIC=pack:2"});
-  const std::string text = ubep::detail::describe_topology(topo, ScheduleKind::topology, false);
+  const std::string text = ubep::describe_topology(topo, ScheduleKind::topology, false);
   EXPECT_NE(text.find("OVERRIDE (emulated): UBEP_VIRTUAL_NODES=2"), std::string::npos) << text;
   EXPECT_NE(text.find("OVERRIDE: HWLOC_SYNTHETIC=pack:2"), std::string::npos) << text;
   EXPECT_NE(text.find("UNBOUND: rank 2 is not bound"), std::string::npos) << text;
   EXPECT_NE(text.find("--bind-to core"), std::string::npos) << text;
   EXPECT_NE(text.find("    0: 2 | 1 | 0"), std::string::npos) << text;
 #ifndef UBEP_NO_JSON
-  const std::string json = ubep::detail::describe_topology(topo, ScheduleKind::shifted, true);
+  const std::string json = ubep::describe_topology(topo, ScheduleKind::shifted, true);
   for (const char* key : {"\"ranks\"", "\"classes\"", "\"costs\"", "\"schedules\"", "\"overrides\"", "\"unbound\""})
     EXPECT_NE(json.find(key), std::string::npos) << key << "\n" << json;
   EXPECT_NE(json.find("\"core\""), std::string::npos);

@@ -1,5 +1,9 @@
 #include "ubep/error.hpp"
 
+#include <mpi.h>
+
+#include "base/log.hpp"
+
 namespace ubep {
 
 const char* to_string(Errc code) noexcept {
@@ -22,5 +26,12 @@ const char* to_string(Errc code) noexcept {
 
 Error::Error(Errc code, std::string message, int native)
     : std::runtime_error(std::move(message)), code_(code), native_(native) {}
+
+void throw_mpi_error(int code, int rank, const char* where, const char* call) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  throw Error(Errc::mpi, detail::message_prefix(rank, where) + call + " failed: " + std::string(text, len), code);
+}
 
 }  // namespace ubep

@@ -1,0 +1,80 @@
+/// \file symmetric.hpp
+/// Routes (how a rank reaches a peer) and Symmetric<T>, the handle of a collectively allocated object in
+/// the symmetric heap. Included by context.hpp; Context::alloc creates the objects.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+namespace ubep {
+
+namespace detail {
+class State;
+/// Local (non-collective, non-throwing) release of a symmetric object; used by destructors.
+void release_symmetric(State& state, void* ptr) noexcept;
+void free_symmetric(State& state, void* ptr);
+}  // namespace detail
+
+/// How a rank reaches a peer. Lower is cheaper.
+enum class Route : std::uint8_t {
+  self,  ///< the rank itself: memcpy
+  shm,   ///< a rank on the same node: direct load/store into its mapped heap
+  mpi,   ///< MPI passive-target RMA on the world window
+};
+const char* to_string(Route route) noexcept;
+
+/// A collectively allocated array of T in the symmetric heap. Move-only. data() is the local copy; the
+/// same pointer names the peer's copy in put/get/atomics. free() is collective and checked across ranks;
+/// the destructor releases the object locally (every rank must destroy it in the same order, which the
+/// next collective allocation verifies) and never throws.
+template <class T>
+class Symmetric {
+  static_assert(std::is_trivially_copyable_v<T>, "symmetric objects must be trivially copyable");
+
+ public:
+  Symmetric() = default;
+  Symmetric(Symmetric&& other) noexcept { swap(other); }
+  Symmetric& operator=(Symmetric&& other) noexcept {
+    Symmetric(std::move(other)).swap(*this);
+    return *this;
+  }
+  Symmetric(const Symmetric&) = delete;
+  Symmetric& operator=(const Symmetric&) = delete;
+  ~Symmetric() {
+    if (state_ && ptr_) detail::release_symmetric(*state_, ptr_);
+  }
+
+  T* data() const noexcept { return ptr_; }
+  std::size_t size() const noexcept { return count_; }
+  std::size_t size_bytes() const noexcept { return count_ * sizeof(T); }
+  std::span<T> local() const noexcept { return {ptr_, count_}; }
+  T& operator[](std::size_t i) const noexcept { return ptr_[i]; }
+
+  /// Collective: frees the object on every rank; throws Errc::collective_mismatch when ranks free
+  /// different objects. Completes outstanding operations first.
+  void free() {
+    if (state_ && ptr_) detail::free_symmetric(*state_, ptr_);
+    state_.reset();
+    ptr_ = nullptr;
+    count_ = 0;
+  }
+
+ private:
+  friend class Context;
+  Symmetric(std::shared_ptr<detail::State> state, T* ptr, std::size_t count)
+      : state_(std::move(state)), ptr_(ptr), count_(count) {}
+  void swap(Symmetric& other) noexcept {
+    std::swap(state_, other.state_);
+    std::swap(ptr_, other.ptr_);
+    std::swap(count_, other.count_);
+  }
+  std::shared_ptr<detail::State> state_;
+  T* ptr_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+}  // namespace ubep
