@@ -1,0 +1,145 @@
+/// \file moe_bench.hpp
+/// What the files of ubep_moe_bench (the benchmark is described in moe_bench_main.cpp) share: the settings
+/// (Args), the benchmark's own communicator (Comm), one timed result (Result), and the functions called across
+/// files: the timed cases (moe_bench_cases.cpp) and the reporting (moe_bench_report.cpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/common.hpp"
+#include "ubep/moe.hpp"
+
+namespace ubep::bench::moe_bench {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// ---- settings ----------------------------------------------------------------------------------------
+
+struct Args {
+  std::vector<int> tokens{128, 2048};
+  int hidden = 7168;
+  int topk = 8;
+  int experts = 32;
+  std::string dtype = "bf16";
+  int iterations = 0;  // 0: by size, see iterations_for()
+  int warmup = -1;     // -1: by size
+  std::vector<std::string> routing{"uniform", "skewed"};
+  double zipf = 1.2;
+  std::vector<double> compute{0.0, 2.0};
+  std::string compute_mode = "spin";
+  std::vector<std::string> schedules;  // empty: UBEP_SCHEDULE (default topology)
+  unsigned run_ahead = 0;              // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
+  std::string heap_budget;             // empty: a quarter of physical memory over the ranks of the node
+  int check_tokens = 8;
+  std::string json;
+  std::string plot;
+  bool quick = false;
+
+  // Decode-like sizes get 50 iterations, prefill-like sizes 5: about the same bytes per size.
+  int iterations_for(int n) const {
+    if (iterations > 0) return iterations;
+    return std::clamp(static_cast<int>(std::lround(50.0 * 128.0 / n)), 5, 50);
+  }
+  int warmup_for(int n) const { return warmup >= 0 ? warmup : std::max(1, iterations_for(n) / 10); }
+};
+
+// ---- small helpers -----------------------------------------------------------------------------------
+
+std::string fmt(const char* format, auto... values) {
+  char text[512];
+  std::snprintf(text, sizeof text, format, values...);
+  return text;
+}
+
+/// The private communicator of the benchmark itself (barriers, maxima, checks): never mixed with the
+/// traffic of either implementation.
+class Comm {
+ public:
+  Comm() {
+    UBEP_BENCH_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    UBEP_BENCH_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    UBEP_BENCH_MPI(MPI_Comm_rank(comm_, &rank_));
+    UBEP_BENCH_MPI(MPI_Comm_size(comm_, &size_));
+    MPI_Comm node = MPI_COMM_NULL;
+    UBEP_BENCH_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    UBEP_BENCH_MPI(MPI_Comm_size(node, &node_size_));
+    UBEP_BENCH_MPI(MPI_Comm_free(&node));
+  }
+  ~Comm() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int node_size() const { return node_size_; }
+  void barrier() const { UBEP_BENCH_MPI(MPI_Barrier(comm_)); }
+  void max(std::span<double> v) const {
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, comm_));
+  }
+  std::uint64_t max(std::uint64_t v) const {
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, comm_));
+    return v;
+  }
+  unsigned bit_or(unsigned v) const {
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UNSIGNED, MPI_BOR, comm_));
+    return v;
+  }
+  /// Throws CheckFailed on every rank unless `ok` holds on every rank.
+  void agree(bool ok, const std::string& what) const {
+    int all = ok ? 1 : 0;
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
+    if (!all) throw CheckFailed(what);
+  }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, node_size_ = 1;
+};
+
+// ---- results -----------------------------------------------------------------------------------------
+
+struct Result {
+  std::string impl, schedule, routing;
+  int tokens = 0;
+  double compute = 0.0;
+  double dispatch_us = 0.0, combine_us = 0.0, layer_us = 0.0;
+  std::uint64_t buffer_bytes = 0;
+  int iterations = 0, warmup = 0;
+  unsigned run_ahead = 0;
+  std::size_t heap_bytes = 0;
+};
+
+// ---- the cases (moe_bench_cases.cpp) -----------------------------------------------------------------
+
+/// All routings and compute costs of one size: check, then time every implementation interleaved.
+void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
+               const std::vector<std::string>& schedules, const std::vector<moe::LayerBase*>& ubep_layers,
+               moe::LayerBase& bsp_layer, unsigned run_ahead, std::size_t heap,
+               std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc);
+
+// ---- reporting (moe_bench_report.cpp) ----------------------------------------------------------------
+
+void print_columns();
+void print_row(const Args& a, const Result& r);
+void print_ratio(const Args& a, const Result& u, const Result& b);
+nlohmann::json to_json(const Args& a, int ranks, const Result& r);
+/// The closing lines: our best reduction next to the UBEP paper's figures, and the whole range.
+std::vector<std::string> summarize(const std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& out);
+/// Rank 0, after MPI_Finalize: renders the plot with bench/moe_plot.py (Debian's python3 has matplotlib,
+/// a pyenv python3 first on PATH may not).
+int plot(const Args& a);
+
+}  // namespace ubep::bench::moe_bench

@@ -1,0 +1,371 @@
+/// \file moe_bench_cases.cpp
+/// The benchmark cases of ubep_moe_bench: the inputs of one layer call, the experts (arithmetic for the
+/// correctness check, identity plus synthetic compute for the timing), one timed call, the check of ubep's
+/// moe::Layer against the moe::BspLayer baseline and a serial reference, and the interleaved timing loops.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "bench/moe_bench.hpp"
+#include "ubep/moe.hpp"
+
+namespace ubep::bench::moe_bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kBspSchedule = "alltoallv";  // the "schedule" of the baseline in rows and JSON
+
+double us_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+// ---- inputs ------------------------------------------------------------------------------------------
+
+/// One rank's input of one layer call.
+struct Inputs {
+  int n = 0;
+  std::vector<std::byte> tokens;  // [n x hidden] of dtype
+  std::vector<float> scales;      // [n], e4m3 only
+  std::vector<int> idx;           // [n x topk], distinct per token
+  std::vector<float> weights;     // [n x topk], positive, summing to 1 per token
+};
+
+/// Uniform: topk distinct experts uniformly at random. Skewed: topk distinct experts drawn without
+/// replacement from a Zipf(s) law over a fixed expert permutation (the same on every rank, so one expert
+/// is hot for everyone). Token values are uniform in [-1, 1]. Seeded by rank, size and routing.
+Inputs make_inputs(const moe::Config& cfg, int n, const std::string& routing, double zipf, int rank) {
+  Inputs in;
+  in.n = n;
+  const auto hidden = static_cast<std::size_t>(cfg.hidden);
+  const auto topk = static_cast<std::size_t>(cfg.topk);
+  const auto un = static_cast<std::size_t>(n);
+  std::mt19937_64 rng(0x9E3779B97F4A7C15ULL ^ (static_cast<std::uint64_t>(rank) * 1000003ULL) ^
+                      (static_cast<std::uint64_t>(n) << 32) ^ (routing == "skewed" ? 0x5157ULL : 0x1234ULL));
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+
+  in.tokens.resize(un * hidden * moe::element_size(cfg.dtype));
+  if (cfg.dtype == moe::DType::e4m3) in.scales.resize(un);
+  std::vector<float> row(hidden);
+  for (std::size_t t = 0; t < un; ++t) {
+    for (float& x : row) x = value(rng);
+    std::byte* dst = in.tokens.data() + t * hidden * moe::element_size(cfg.dtype);
+    switch (cfg.dtype) {
+      case moe::DType::f32: std::memcpy(dst, row.data(), hidden * sizeof(float)); break;
+      case moe::DType::bf16:
+        for (std::size_t j = 0; j < hidden; ++j) {
+          const std::uint16_t b = moe::float_to_bf16(row[j]);
+          std::memcpy(dst + j * 2, &b, 2);
+        }
+        break;
+      case moe::DType::e4m3: {
+        float amax = 0.0f;
+        for (float x : row) amax = std::max(amax, std::fabs(x));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        in.scales[t] = scale;
+        for (std::size_t j = 0; j < hidden; ++j) dst[j] = static_cast<std::byte>(moe::float_to_e4m3(row[j] / scale));
+        break;
+      }
+    }
+  }
+
+  const int experts = cfg.num_experts;
+  std::vector<double> law(static_cast<std::size_t>(experts), 1.0);
+  std::vector<int> order(static_cast<std::size_t>(experts));
+  std::iota(order.begin(), order.end(), 0);
+  if (routing == "skewed") {
+    std::mt19937 shared(20240611u);  // same permutation on every rank: one globally hot expert
+    std::shuffle(order.begin(), order.end(), shared);
+    for (int i = 0; i < experts; ++i) law[static_cast<std::size_t>(i)] = 1.0 / std::pow(i + 1.0, zipf);
+  }
+  in.idx.resize(un * topk);
+  in.weights.resize(un * topk);
+  std::vector<double> left(law.size());
+  for (std::size_t t = 0; t < un; ++t) {
+    left = law;
+    float sum = 0.0f;
+    for (std::size_t k = 0; k < topk; ++k) {
+      double total = 0.0;
+      for (double w : left) total += w;
+      double pick = std::uniform_real_distribution<double>(0.0, total)(rng);
+      std::size_t i = 0;
+      while (i + 1 < left.size() && (left[i] == 0.0 || pick >= left[i])) {
+        pick -= left[i];
+        ++i;
+      }
+      while (left[i] == 0.0) --i;  // rounding at the end of the range: take the last one still free
+      left[i] = 0.0;
+      in.idx[t * topk + k] = order[i];
+      in.weights[t * topk + k] = 0.1f + unit(rng);
+      sum += in.weights[t * topk + k];
+    }
+    for (std::size_t k = 0; k < topk; ++k) in.weights[t * topk + k] /= sum;
+  }
+  return in;
+}
+
+// ---- experts -----------------------------------------------------------------------------------------
+
+/// The arithmetic expert of the correctness check: y = x * (1 + 0.01 * (e + 1)), in float, rounded to
+/// output_dtype. x is the dispatched value (bf16/f32 as is, e4m3 times its token's scale).
+float expert_factor(int expert) { return 1.0f + 0.01f * static_cast<float>(expert + 1); }
+
+float load(moe::DType t, const std::byte* row, std::size_t j, float scale) {
+  switch (t) {
+    case moe::DType::f32: {
+      float f;
+      std::memcpy(&f, row + j * 4, 4);
+      return f;
+    }
+    case moe::DType::bf16: {
+      std::uint16_t b;
+      std::memcpy(&b, row + j * 2, 2);
+      return moe::bf16_to_float(b);
+    }
+    case moe::DType::e4m3: return moe::e4m3_to_float(static_cast<std::uint8_t>(row[j])) * scale;
+  }
+  return 0.0f;
+}
+
+/// Stores y in the output type and returns the value it reads back as.
+float store(moe::DType out_type, std::byte* row, std::size_t j, float y) {
+  if (out_type == moe::DType::f32) {
+    std::memcpy(row + j * 4, &y, 4);
+    return y;
+  }
+  const std::uint16_t b = moe::float_to_bf16(y);
+  std::memcpy(row + j * 2, &b, 2);
+  return moe::bf16_to_float(b);
+}
+
+class ArithmeticExpert {
+ public:
+  explicit ArithmeticExpert(const moe::Config& cfg) : cfg_(cfg) {}
+  std::span<const std::byte> operator()(const moe::ExpertTokens& t) {
+    const auto hidden = static_cast<std::size_t>(cfg_.hidden);
+    const moe::DType out_type = moe::output_dtype(cfg_.dtype);
+    const std::size_t in_row = hidden * moe::element_size(cfg_.dtype);
+    const std::size_t out_row = hidden * moe::element_size(out_type);
+    out_.resize(static_cast<std::size_t>(t.count) * out_row);
+    const float f = expert_factor(t.expert);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(t.count); ++i) {
+      const float scale = cfg_.dtype == moe::DType::e4m3 ? t.scales[i] : 1.0f;
+      const std::byte* src = t.data.data() + i * in_row;
+      std::byte* dst = out_.data() + i * out_row;
+      for (std::size_t j = 0; j < hidden; ++j) store(out_type, dst, j, load(cfg_.dtype, src, j, scale) * f);
+    }
+    return out_;
+  }
+
+ private:
+  moe::Config cfg_;
+  std::vector<std::byte> out_;
+};
+
+/// The expert of the timed iterations: the identity (for bf16/f32 its outputs are its input buffer, no
+/// copy; for e4m3 a bf16 buffer of zeros), plus a synthetic compute cost of `us_per_token` microseconds
+/// per token: a busy loop on the clock (spin) or a sleep (sleep, like an accelerator kernel that leaves
+/// the CPU free). Both implementations get the same expert, so the difference is communication.
+class TimedExpert {
+ public:
+  TimedExpert(const moe::Config& cfg, double us_per_token, bool sleep)
+      : cfg_(cfg), us_per_token_(us_per_token), sleep_(sleep) {}
+  std::span<const std::byte> operator()(const moe::ExpertTokens& t) {
+    if (us_per_token_ > 0.0 && t.count > 0) {
+      const auto end =
+          Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double, std::micro>(us_per_token_ * static_cast<double>(t.count)));
+      if (sleep_) {
+        std::this_thread::sleep_until(end);
+      } else {
+        while (Clock::now() < end) {
+#if defined(__x86_64__) || defined(__i386__)
+          __builtin_ia32_pause();
+#endif
+        }
+      }
+    }
+    if (cfg_.dtype != moe::DType::e4m3) return t.data;
+    const std::size_t bytes = static_cast<std::size_t>(t.count) * static_cast<std::size_t>(cfg_.hidden) *
+                              moe::element_size(moe::output_dtype(cfg_.dtype));
+    if (zeros_.size() < bytes) zeros_.resize(bytes);
+    return std::span<const std::byte>(zeros_).first(bytes);
+  }
+
+ private:
+  moe::Config cfg_;
+  double us_per_token_;
+  bool sleep_;
+  std::vector<std::byte> zeros_;
+};
+
+// ---- one layer call ----------------------------------------------------------------------------------
+
+/// This rank's times of one call, in microseconds: dispatch = dispatch_send start until the last local
+/// expert was handed out by next_expert; combine = first combine_send start until combine_recv returned;
+/// layer = dispatch_send start until combine_recv returned (expert compute included).
+using Sample = std::array<double, 3>;
+
+template <class Expert>
+Sample run_once(moe::LayerBase& layer, const Inputs& in, Expert& expert, std::span<float> out) {
+  const auto t0 = Clock::now();
+  moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
+  std::optional<Clock::time_point> last_expert, first_combine;
+  while (const std::optional<int> e = layer.next_expert(h)) {
+    last_expert = Clock::now();
+    const moe::ExpertTokens tokens = layer.expert_tokens(h, *e);
+    const std::span<const std::byte> outputs = expert(tokens);
+    if (!first_combine) first_combine = Clock::now();
+    layer.combine_send(h, *e, outputs);
+  }
+  const auto no_expert = Clock::now();  // a rank without local experts has nothing to wait for
+  layer.combine_recv(h, out);
+  const auto t1 = Clock::now();
+  return {us_between(t0, last_expert.value_or(no_expert)), us_between(first_combine.value_or(no_expert), t1),
+          us_between(t0, t1)};
+}
+
+// ---- correctness -------------------------------------------------------------------------------------
+
+/// Runs one call of every implementation with the arithmetic expert. Every ubep output must equal the
+/// baseline's bit for bit, and the baseline's must equal a serial reference for a few tokens. Throws
+/// CheckFailed on every rank otherwise.
+void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, const std::vector<moe::LayerBase*>& ubep,
+           const std::vector<std::string>& schedules, moe::LayerBase& bsp, int check_tokens, const std::string& what) {
+  const auto hidden = static_cast<std::size_t>(cfg.hidden);
+  const auto topk = static_cast<std::size_t>(cfg.topk);
+  const std::size_t n = static_cast<std::size_t>(in.n);
+  ArithmeticExpert expert(cfg);
+  std::vector<float> want(n * hidden);
+  std::vector<float> got(n * hidden);
+  bool ok = true;
+
+  comm.barrier();
+  run_once(bsp, in, expert, want);
+  for (std::size_t s = 0; s < ubep.size(); ++s) {
+    std::fill(got.begin(), got.end(), std::nanf(""));
+    comm.barrier();
+    run_once(*ubep[s], in, expert, got);
+    if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+      std::size_t i = 0;
+      while (i < got.size() && std::memcmp(&got[i], &want[i], sizeof(float)) == 0) ++i;
+      std::fprintf(stderr,
+                   "check failed: rank %d, %s, schedule %s: ubep output differs from bsp at token %zu element %zu: "
+                   "ubep %.9g, bsp %.9g\n",
+                   comm.rank(), what.c_str(), schedules[s].c_str(), i / hidden, i % hidden, got[i], want[i]);
+      ok = false;
+    }
+  }
+
+  // The serial reference: out[t] = sum_k w[t,k] * y_k, y_k the expert output as read back, k ascending.
+  std::vector<std::size_t> picks;
+  const std::size_t count = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(check_tokens, 1)));
+  for (std::size_t i = 0; i < count; ++i) picks.push_back(count == 1 ? 0 : i * (n - 1) / (count - 1));
+  const moe::DType out_type = moe::output_dtype(cfg.dtype);
+  std::vector<std::byte> scratch(8);
+  const std::size_t in_row = hidden * moe::element_size(cfg.dtype);
+  for (const std::size_t t : picks) {
+    const float scale = cfg.dtype == moe::DType::e4m3 ? in.scales[t] : 1.0f;
+    for (std::size_t j = 0; j < hidden && ok; ++j) {
+      const float x = load(cfg.dtype, in.tokens.data() + t * in_row, j, scale);
+      float acc = 0.0f;
+      for (std::size_t k = 0; k < topk; ++k) {
+        const float y = store(out_type, scratch.data(), 0, x * expert_factor(in.idx[t * topk + k]));
+        acc += in.weights[t * topk + k] * y;
+      }
+      if (!(acc == want[t * hidden + j])) {
+        std::fprintf(stderr,
+                     "check failed: rank %d, %s: bsp output of token %zu element %zu is %.9g, the serial reference "
+                     "says %.9g\n",
+                     comm.rank(), what.c_str(), t, j, want[t * hidden + j], acc);
+        ok = false;
+      }
+    }
+  }
+  comm.agree(ok, "MoE outputs differ (" + what + "); see the messages above");
+}
+
+double median_of(const std::vector<Sample>& v, std::size_t metric) {
+  std::vector<double> x;
+  for (const Sample& s : v) x.push_back(s[metric]);
+  return ubep::bench::median(std::move(x));
+}
+
+}  // namespace
+
+void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
+               const std::vector<std::string>& schedules, const std::vector<moe::LayerBase*>& ubep_layers,
+               moe::LayerBase& bsp_layer, unsigned run_ahead, std::size_t heap,
+               std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc) {
+  const int rank = comm.rank(), ranks = comm.size(), n = cfg.max_tokens_per_rank;
+  const bool root = rank == 0;
+  moe::LayerBase* bsp = &bsp_layer;
+  std::vector<float> out(static_cast<std::size_t>(n) * static_cast<std::size_t>(a.hidden));
+  for (const std::string& routing : a.routing) {
+    const Inputs in = make_inputs(cfg, n, routing, a.zipf, rank);
+    check(comm, cfg, in, ubep_layers, schedules, *bsp, a.check_tokens,
+          fmt("%d tokens/rank, %s routing", n, routing.c_str()));
+
+    for (const double compute : a.compute) {
+      TimedExpert expert(cfg, compute, a.compute_mode == "sleep");
+      std::vector<moe::LayerBase*> impls = ubep_layers;
+      impls.push_back(bsp);
+      std::vector<std::vector<Sample>> samples(impls.size());
+      for (int it = 0; it < warmup + iterations; ++it) {
+        // Alternate who goes first, so that cache and scheduling effects of the order hit both alike.
+        for (std::size_t k = 0; k < impls.size(); ++k) {
+          const std::size_t i = it % 2 == 0 ? k : impls.size() - 1 - k;
+          comm.barrier();
+          Sample s = run_once(*impls[i], in, expert, out);
+          comm.max(s);
+          if (it >= warmup) samples[i].push_back(s);
+        }
+      }
+      std::vector<Result> results;
+      for (std::size_t i = 0; i < impls.size(); ++i) {
+        Result r;
+        r.impl = impls[i]->name();
+        r.schedule = i < schedules.size() ? schedules[i] : kBspSchedule;
+        r.routing = routing;
+        r.tokens = n;
+        r.compute = compute;
+        r.dispatch_us = median_of(samples[i], 0);
+        r.combine_us = median_of(samples[i], 1);
+        r.layer_us = median_of(samples[i], 2);
+        r.buffer_bytes = comm.max(static_cast<std::uint64_t>(impls[i]->buffer_bytes()));
+        r.iterations = iterations;
+        r.warmup = warmup;
+        r.run_ahead = i < schedules.size() ? run_ahead : 0;
+        r.heap_bytes = i < schedules.size() ? heap : 0;
+        results.push_back(r);
+      }
+      const Result& b = results.back();
+      for (std::size_t s = 0; s < schedules.size(); ++s) pairs.emplace_back(results[s], b);
+      if (root) {
+        for (const Result& r : results) {
+          print_row(a, r);
+          doc["results"].push_back(to_json(a, ranks, r));
+        }
+        for (std::size_t s = 0; s < schedules.size(); ++s) print_ratio(a, results[s], b);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+}  // namespace ubep::bench::moe_bench

@@ -1,0 +1,341 @@
+/// \file moe_bench_main.cpp
+/// ubep_moe_bench: the MoE dispatch/combine benchmark, ubep's main job. On every rank, one MoE layer call
+/// is: dispatch the rank's tokens to the ranks of their top-k experts, run each local expert as soon as
+/// its tokens are in, send its outputs back, and sum them with the top-k weights. It is timed for ubep
+/// (moe::Layer: one-sided puts + signals, topology schedule) and for the plain-MPI baseline
+/// (moe::BspLayer: MPI_Alltoall + MPI_Alltoallv) in the same job, iteration by iteration interleaved, after
+/// a correctness check that both give bit-identical results equal to a serial reference.
+///
+/// Run: mpirun -np 4 build/bench/ubep_moe_bench [--tokens 128,2048] [--json FILE] [--plot FILE.png]; see
+/// docs/MOE_BENCH.md. Exit status: 0 ok, 1 a correctness check failed (on every rank), 2 any other error
+/// (the job is aborted), 3 the plot could not be written.
+///
+/// This file: the command line (flags, --quick), the run over the sizes (heap and run-ahead, one Context
+/// per schedule, the header lines, the summary, the JSON file) and main(). Shared declarations: moe_bench.hpp;
+/// the timed cases: moe_bench_cases.cpp; the table, JSON records, summary lines, plot: moe_bench_report.cpp.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/common.hpp"
+#include "bench/moe_bench.hpp"
+#include "ubep/config.hpp"
+#include "ubep/context.hpp"
+#include "ubep/moe.hpp"
+#include "ubep/topology.hpp"
+
+namespace ubep::bench::moe_bench {
+
+namespace {
+
+std::string mpi_library() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  UBEP_BENCH_MPI(MPI_Get_library_version(version, &len));
+  std::string lib(version, static_cast<std::size_t>(len));
+  if (const auto nl = lib.find('\n'); nl != std::string::npos) lib.resize(nl);
+  while (!lib.empty() && (lib.back() == ' ' || lib.back() == '\0' || lib.back() == ',')) lib.pop_back();
+  return lib;
+}
+
+std::string mib(std::size_t bytes) { return fmt("%.1f MiB", static_cast<double>(bytes) / kMiB); }
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
+// ---- the run -----------------------------------------------------------------------------------------
+
+std::size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+}
+
+std::size_t slack(std::size_t bytes) { return std::max<std::size_t>(std::size_t{8} << 20, bytes / 32); }
+
+int run(const Args& a, const Comm& comm) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool root = rank == 0;
+  const ubep::Options base = ubep::Options::from_env();
+  const std::vector<std::string> schedules =
+      a.schedules.empty() ? std::vector<std::string>{base.schedule} : a.schedules;
+  const moe::DType dtype = moe::parse_dtype(a.dtype);
+  for (const std::string& s : schedules) (void)ubep::parse_schedule(s);  // throws on a bad name, before any work
+  for (const std::string& r : a.routing)
+    if (r != "uniform" && r != "skewed") throw std::invalid_argument("--routing: unknown routing " + r);
+  const std::size_t budget = !a.heap_budget.empty()
+                                 ? ubep::parse_size(a.heap_budget, "--heap-budget")
+                                 : physical_memory() / 4 / static_cast<std::size_t>(comm.node_size());
+
+  nlohmann::json doc;
+  doc["benchmark"] = "ubep_moe_bench";
+  doc["ubep_version"] = UBEP_VERSION_STRING;
+  doc["mpi_library"] = mpi_library();
+  doc["ranks"] = ranks;
+  doc["statistic"] = "per iteration the maximum over ranks, then the median over iterations, microseconds";
+  doc["expert"] = std::string("identity + synthetic compute (") + a.compute_mode + ")";
+  doc["results"] = nlohmann::json::array();
+  nlohmann::json settings = nlohmann::json::object();
+  for (const std::string& kv : base.describe()) {
+    const auto eq = kv.find('=');
+    settings[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+  }
+  doc["settings"] = settings;
+
+  std::vector<std::pair<Result, Result>> pairs;  // (ubep, bsp) per case and schedule, for the summary
+  bool header_done = false;
+
+  for (const int n : a.tokens) {
+    const moe::Config cfg{a.experts, a.hidden, dtype, a.topk, n};
+    const int iterations = a.iterations_for(n), warmup = a.warmup_for(n);
+
+    // Heap and run-ahead: every schedule holds its own Context, all alive at once (interleaved runs).
+    const unsigned wanted = a.run_ahead ? a.run_ahead : base.run_ahead;
+    unsigned run_ahead = wanted;
+    const std::size_t per_context = moe::Layer::heap_bytes(cfg, ranks, wanted);
+    std::string note;
+    if (!a.run_ahead && wanted > 1 && (per_context + slack(per_context)) * schedules.size() > budget) {
+      run_ahead = 1;
+      note = fmt("run-ahead lowered from %u to 1 for %d tokens/rank: ", wanted, n) + mib(per_context) +
+             fmt(" of heap per rank and schedule at run-ahead %u exceeds the budget of ", wanted) + mib(budget) +
+             " per rank (--heap-budget; default a quarter of physical memory over the ranks of a node)";
+    }
+    const std::size_t needed = moe::Layer::heap_bytes(cfg, ranks, run_ahead);
+    // UBEP_HEAP_SIZE, when set, is a lower bound; otherwise the heap is what the Layer needs plus slack.
+    const std::size_t heap = std::max(std::getenv("UBEP_HEAP_SIZE") ? base.heap_size : 0, needed + slack(needed));
+    if ((heap * schedules.size()) > budget && root)
+      std::fprintf(stderr, "ubep_moe_bench: warning: %zu context(s) x %s of heap per rank exceeds the budget of %s\n",
+                   schedules.size(), mib(heap).c_str(), mib(budget).c_str());
+
+    std::vector<std::unique_ptr<ubep::Context>> contexts;
+    std::vector<std::unique_ptr<moe::Layer>> layers;
+    for (const std::string& s : schedules) {
+      ubep::Options o = base;
+      o.schedule = s;
+      o.heap_size = heap;
+      o.run_ahead = run_ahead;
+      contexts.push_back(std::make_unique<ubep::Context>(MPI_COMM_WORLD, o));
+      layers.push_back(std::make_unique<moe::Layer>(*contexts.back(), cfg));
+    }
+    auto bsp = std::make_unique<moe::BspLayer>(*contexts.front(), cfg);
+    std::vector<moe::LayerBase*> ubep_layers;
+    for (auto& l : layers) ubep_layers.push_back(l.get());
+
+    if (!header_done) {
+      header_done = true;
+      const ubep::Context& ctx = *contexts.front();
+      unsigned routes = 0;
+      for (int pe = 0; pe < ranks; ++pe) routes |= 1u << static_cast<unsigned>(ctx.route(pe));
+      routes = comm.bit_or(routes);
+      std::vector<std::string> used;
+      for (const ubep::Route r : {ubep::Route::self, ubep::Route::shm, ubep::Route::mpi})
+        if (routes & (1u << static_cast<unsigned>(r))) used.push_back(ubep::to_string(r));
+      std::vector<std::string> from0;
+      for (int pe = 0; pe < ranks; ++pe) from0.push_back(ubep::to_string(ctx.route(pe)));
+      const auto& overrides = ctx.topology().overrides();
+      const int nodes = ctx.topology().num_nodes();
+      doc["nodes"] = nodes;
+      doc["routes"] = used;
+      doc["atomics_through_mpi"] = ctx.atomics_through_mpi();
+      doc["topology_overrides"] = overrides;
+      if (root) {
+        std::printf(
+            "# ubep MoE dispatch/combine benchmark (ubep_moe_bench): ubep moe::Layer vs MPI baseline "
+            "moe::BspLayer\n");
+        std::printf("# ubep %s; MPI library: %s\n", UBEP_VERSION_STRING, mpi_library().c_str());
+        std::printf(
+            "# ranks: %d; nodes: %d%s; routes used: %s (from rank 0: %s); atomics and signals through "
+            "MPI: %s\n",
+            ranks, nodes, overrides.empty() ? "" : (" (" + join(overrides, ", ") + ")").c_str(),
+            join(used, ", ").c_str(), join(from0, " ").c_str(), ctx.atomics_through_mpi() ? "yes" : "no");
+        std::printf("# settings (UBEP_HEAP_SIZE, UBEP_SCHEDULE, UBEP_RUN_AHEAD are set per shape below):\n");
+        for (const std::string& kv : base.describe()) std::printf("#   %s\n", kv.c_str());
+        std::printf(
+            "# shape: hidden %d, %s, top-%d of %d experts (%d per rank); routing: %s (skewed: Zipf s=%.2f over "
+            "a fixed expert order, one hot expert)\n",
+            a.hidden, a.dtype.c_str(), a.topk, a.experts, bsp->experts().max_local(), join(a.routing, ",").c_str(),
+            a.zipf);
+        std::printf(
+            "# expert: identity (outputs = its input buffer) + synthetic compute of 'compute' us per token "
+            "(%s); correctness checked first with y = x*(1+0.01*(e+1)) against a serial reference\n",
+            a.compute_mode.c_str());
+        std::printf(
+            "# times: microseconds; per iteration the maximum over ranks, reported the median over "
+            "iterations; ubep and bsp iterations interleaved, each after a barrier\n");
+        std::printf(
+            "# dispatch: dispatch_send until the last local expert is handed out; combine: first "
+            "combine_send until combine_recv returns; layer: the whole call, expert compute included\n");
+        print_columns();
+      }
+    }
+    if (root) {
+      if (!note.empty()) std::printf("# %s\n", note.c_str());
+      std::string order;
+      for (std::size_t s = 0; s < layers.size(); ++s) {
+        std::vector<std::string> peers;
+        for (int p : layers[s]->schedule()) peers.push_back(std::to_string(p));
+        order += (s ? "; " : "") + schedules[s] + ": " + join(peers, ",");
+      }
+      std::printf(
+          "# %d tokens/rank: %d iterations + %d warm-up; ubep heap %s per rank and schedule "
+          "(Layer::heap_bytes %s, run-ahead %u); rank 0 serves peers in order %s\n",
+          n, iterations, warmup, mib(heap).c_str(), mib(needed).c_str(), run_ahead, order.c_str());
+      std::fflush(stdout);
+    }
+
+    // Layers first (their symmetric memory belongs to the contexts), then the contexts, in the same order
+    // on every rank. Also on a failed check, which every rank sees at the same point.
+    auto release = [&] {
+      bsp.reset();
+      layers.clear();
+      for (auto& c : contexts) c->finalize();
+      contexts.clear();
+    };
+    try {
+      run_shape(a, comm, cfg, iterations, warmup, schedules, ubep_layers, *bsp, run_ahead, heap, pairs, doc);
+    } catch (const CheckFailed&) {
+      release();
+      throw;
+    }
+    release();
+  }
+
+  nlohmann::json summary = nlohmann::json::object();
+  const std::vector<std::string> lines = summarize(pairs, summary);
+  doc["summary"] = summary;
+  doc["summary_lines"] = lines;
+  if (root) {
+    std::printf("#\n# Summary\n");
+    for (const std::string& l : lines) std::printf("# %s\n", l.c_str());
+    std::fflush(stdout);
+    const std::string path = !a.json.empty() ? a.json : (a.plot.empty() ? "" : a.plot + ".json");
+    if (!path.empty()) {
+      std::ofstream f(path);
+      f << doc.dump(1) << "\n";
+      f.close();
+      if (!f) throw std::runtime_error("cannot write the JSON output to " + path);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+}  // namespace ubep::bench::moe_bench
+
+using ubep::bench::CheckFailed;
+using ubep::bench::moe_bench::Args;
+using ubep::bench::moe_bench::Comm;
+using ubep::bench::moe_bench::plot;
+using ubep::bench::moe_bench::run;
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "ubep_moe_bench: MPI_Init_thread failed\n");
+    return 2;
+  }
+  int world_rank = 0;
+  if (MPI_Comm_rank(MPI_COMM_WORLD, &world_rank) != MPI_SUCCESS) MPI_Abort(MPI_COMM_WORLD, 2);
+
+  Args a;
+  CLI::App app{
+      "ubep_moe_bench: MoE dispatch/combine latency of ubep (moe::Layer) vs the plain-MPI baseline (moe::BspLayer), "
+      "in one job. Run under mpirun (e.g. -np 4); rank 0 prints. See docs/MOE_BENCH.md."};
+  auto* tokens = app.add_option("--tokens", a.tokens, "tokens per rank, a list (e.g. 32,64,128,256,512,1024,2048)")
+                     ->delimiter(',')
+                     ->capture_default_str()
+                     ->check(CLI::PositiveNumber);
+  auto* hidden =
+      app.add_option("--hidden", a.hidden, "elements per token")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--topk", a.topk, "experts per token")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--experts", a.experts, "experts in the layer")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dtype", a.dtype, "token type")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32", "e4m3"}));
+  auto* iterations = app.add_option("--iterations,-i", a.iterations,
+                                    "timed iterations per case (default: 50 at 128 tokens/rank, scaled down to 5 at "
+                                    "2048 and above)")
+                         ->check(CLI::PositiveNumber);
+  auto* warmup =
+      app.add_option("--warmup,-x", a.warmup, "untimed iterations per case (default: iterations/10, at least 1)")
+          ->check(CLI::NonNegativeNumber);
+  app.add_option("--routing", a.routing, "routings, a list: uniform, skewed")->delimiter(',')->capture_default_str();
+  app.add_option("--zipf", a.zipf, "Zipf exponent of skewed routing")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  auto* compute = app.add_option("--compute-us-per-token", a.compute,
+                                 "synthetic expert compute in microseconds per token, a list (one case each)")
+                      ->delimiter(',')
+                      ->capture_default_str()
+                      ->check(CLI::NonNegativeNumber);
+  app.add_option("--compute-mode", a.compute_mode, "spin: busy loop on the clock; sleep: sleep (frees the CPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"spin", "sleep"}));
+  app.add_option("--schedules", a.schedules,
+                 "ubep peer schedules to run, a list of linear, shifted, topology (default: UBEP_SCHEDULE, i.e. "
+                 "topology); each gets its own Context")
+      ->delimiter(',');
+  app.add_option("--run-ahead", a.run_ahead,
+                 "ubep buffer sets (calls a rank may run ahead); default UBEP_RUN_AHEAD (2), lowered to 1 for a size "
+                 "whose heap exceeds --heap-budget")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--heap-budget", a.heap_budget,
+                 "symmetric heap per rank above which the run-ahead is lowered to 1 (K/M/G; default a quarter of "
+                 "physical memory over the ranks of a node)");
+  app.add_option("--check-tokens", a.check_tokens, "tokens per rank compared with the serial reference")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--json", a.json, "write the results as JSON to FILE");
+  app.add_option("--plot", a.plot, "write a PNG of latency vs tokens per rank (runs bench/moe_plot.py)");
+  app.add_flag("--quick", a.quick,
+               "tiny sizes for smoke tests: tokens 16,64, hidden 512, 5 iterations, 1 warm-up, compute 0,1 "
+               "(flags given explicitly win)");
+  try {
+    app.parse(argc, argv);
+    if (a.quick) {
+      if (!tokens->count()) a.tokens = {16, 64};
+      if (!hidden->count()) a.hidden = 512;
+      if (!iterations->count()) a.iterations = 5;
+      if (!warmup->count()) a.warmup = 1;
+      if (!compute->count()) a.compute = {0.0, 1.0};
+    }
+    if (a.topk > a.experts) throw CLI::ValidationError("--topk", "must not exceed --experts");
+  } catch (const CLI::ParseError& e) {
+    const int rc = world_rank == 0 ? app.exit(e) : e.get_exit_code();
+    MPI_Finalize();
+    return rc;
+  }
+
+  int rc = 0;
+  try {
+    const Comm comm;
+    rc = run(a, comm);
+  } catch (const CheckFailed& e) {
+    // Every rank threw at once (Comm::agree), so the job can end cleanly.
+    if (world_rank == 0) std::fprintf(stderr, "ubep_moe_bench: FAILED: %s\n", e.what());
+    rc = 1;
+  } catch (const std::exception& e) {
+    // One rank alone may have failed while the others wait for it: end the whole job.
+    std::fprintf(stderr, "ubep_moe_bench: rank %d: error: %s\n", world_rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  if (MPI_Finalize() != MPI_SUCCESS) rc = rc ? rc : 2;
+  if (rc == 0 && world_rank == 0 && !a.plot.empty()) rc = plot(a);
+  return rc;
+}

@@ -1,0 +1,165 @@
+/// \file moe_bench_report.cpp
+/// The reporting of ubep_moe_bench: the text table (column titles, one row per implementation, the ubep/bsp
+/// ratio rows), the JSON record of a result, the closing summary lines next to the UBEP paper's figures, and
+/// the plot (bench/moe_plot.py, after MPI_Finalize).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/moe_bench.hpp"
+
+#ifndef UBEP_MOE_PLOT_SCRIPT
+#define UBEP_MOE_PLOT_SCRIPT "bench/moe_plot.py"
+#endif
+
+namespace ubep::bench::moe_bench {
+
+namespace {
+
+const char* kRowFormat = "%8s %7s %5s %8s %6s %8s %8s %9s %-9s %12s %12s %12s %11s\n";
+
+}  // namespace
+
+void print_columns() {
+  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-9s %12s %12s %12s %11s\n", "# tokens", "hidden", "topk", "experts",
+              "dtype", "routing", "compute", "impl", "schedule", "dispatch_us", "combine_us", "layer_us", "buffer_MiB");
+}
+
+void print_row(const Args& a, const Result& r) {
+  std::printf(kRowFormat, std::to_string(r.tokens).c_str(), std::to_string(a.hidden).c_str(),
+              std::to_string(a.topk).c_str(), std::to_string(a.experts).c_str(), a.dtype.c_str(), r.routing.c_str(),
+              fmt("%.2f", r.compute).c_str(), r.impl.c_str(), r.schedule.c_str(), fmt("%.1f", r.dispatch_us).c_str(),
+              fmt("%.1f", r.combine_us).c_str(), fmt("%.1f", r.layer_us).c_str(),
+              fmt("%.1f", static_cast<double>(r.buffer_bytes) / kMiB).c_str());
+}
+
+void print_ratio(const Args& a, const Result& u, const Result& b) {
+  std::printf(kRowFormat, std::to_string(u.tokens).c_str(), std::to_string(a.hidden).c_str(),
+              std::to_string(a.topk).c_str(), std::to_string(a.experts).c_str(), a.dtype.c_str(), u.routing.c_str(),
+              fmt("%.2f", u.compute).c_str(), "ubep/bsp", u.schedule.c_str(),
+              fmt("%.3f", u.dispatch_us / b.dispatch_us).c_str(), fmt("%.3f", u.combine_us / b.combine_us).c_str(),
+              fmt("%.3f", u.layer_us / b.layer_us).c_str(), "-");
+}
+
+nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
+  return {{"impl", r.impl},
+          {"schedule", r.schedule},
+          {"routing", r.routing},
+          {"tokens", r.tokens},
+          {"hidden", a.hidden},
+          {"topk", a.topk},
+          {"experts", a.experts},
+          {"ranks", ranks},
+          {"dtype", a.dtype},
+          {"compute_us_per_token", r.compute},
+          {"dispatch_us", r.dispatch_us},
+          {"combine_us", r.combine_us},
+          {"layer_us", r.layer_us},
+          {"buffer_bytes", r.buffer_bytes},
+          {"iterations", r.iterations},
+          {"warmup", r.warmup},
+          {"run_ahead", r.run_ahead},
+          {"heap_bytes", r.heap_bytes}};
+}
+
+namespace {
+
+/// "12.3% lower" or "4.5% higher (slower)", from a ubep/bsp ratio of times.
+std::string change(double ratio) {
+  const double pct = (1.0 - ratio) * 100.0;
+  return pct >= 0.0 ? fmt("%.1f%% lower", pct) : fmt("%.1f%% higher (ubep slower)", -pct);
+}
+
+std::string case_name(const Result& r) {
+  return fmt("%d tokens/rank, %s routing, %.2f us/token compute, schedule %s", r.tokens, r.routing.c_str(), r.compute,
+             r.schedule.c_str());
+}
+
+}  // namespace
+
+std::vector<std::string> summarize(const std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& out) {
+  std::vector<std::string> lines;
+  lines.push_back("UBEP paper: up to 52.4% lower communication latency, 11.1% better time per output token");
+  struct Best {
+    const Result* u = nullptr;
+    const Result* b = nullptr;
+    double ratio = 0.0, worst = 0.0;
+    int cases = 0;
+  };
+  auto best_of = [&](auto wanted) {
+    Best best;
+    for (const auto& [u, b] : pairs) {
+      if (!wanted(u)) continue;
+      const double r = u.layer_us / b.layer_us;
+      if (!best.u || r < best.ratio) {
+        best.u = &u;
+        best.b = &b;
+        best.ratio = r;
+      }
+      best.worst = best.cases ? std::max(best.worst, r) : r;
+      ++best.cases;
+    }
+    return best;
+  };
+  // Communication latency: the layer time without expert compute (dispatch and combine end to end).
+  const Best comm = best_of([](const Result& r) { return r.compute == 0.0; });
+  // The analogue of time per output token: the layer time with expert compute (all cases if none has it).
+  Best layer = best_of([](const Result& r) { return r.compute > 0.0; });
+  const bool layer_all = !layer.u;
+  if (layer_all) layer = best_of([](const Result&) { return true; });
+  std::string here = "here: ";
+  if (comm.u) {
+    here += change(comm.ratio) + " dispatch+combine latency (" +
+            (comm.ratio > 1.0 ? "even in the best case: " : "best case: ") + case_name(*comm.u) +
+            fmt(": ubep %.1f us vs bsp %.1f us)", comm.u->layer_us, comm.b->layer_us);
+    out["comm_latency_reduction_pct"] = (1.0 - comm.ratio) * 100.0;
+    out["comm_best_case"] = case_name(*comm.u);
+  } else {
+    here += "no case without expert compute, so no dispatch+combine latency";
+  }
+  lines.push_back(here + ",");
+  if (layer.u) {
+    lines.push_back("      " + change(layer.ratio) + " layer time (" +
+                    (layer.ratio > 1.0 ? "even in the best case: " : "best case: ") + case_name(*layer.u) +
+                    fmt(": ubep %.1f us vs bsp %.1f us)", layer.u->layer_us, layer.b->layer_us));
+    out["layer_time_reduction_pct"] = (1.0 - layer.ratio) * 100.0;
+    out["layer_best_case"] = case_name(*layer.u);
+  }
+  if (comm.u)
+    lines.push_back(fmt("dispatch+combine latency over the %d cases without compute: from ", comm.cases) +
+                    change(comm.ratio) + " (best) to " + change(comm.worst) + " (worst)");
+  if (layer.u)
+    lines.push_back(fmt("layer time over the %d cases%s: from ", layer.cases, layer_all ? "" : " with compute") +
+                    change(layer.ratio) + " (best) to " + change(layer.worst) + " (worst)");
+  lines.push_back(
+      "(dispatch+combine latency = layer_us of the cases without expert compute; layer time = layer_us with the "
+      "synthetic expert compute; reductions are 1 - ubep/bsp of medians measured in the same job)");
+  return lines;
+}
+
+int plot(const Args& a) {
+  const std::string json = !a.json.empty() ? a.json : a.plot + ".json";
+  const char* python = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const std::string cmd =
+      std::string(python) + " " + quote(UBEP_MOE_PLOT_SCRIPT) + " " + quote(json) + " -o " + quote(a.plot);
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    std::fprintf(stderr, "ubep_moe_bench: the plot failed (%s returned %d)\n", cmd.c_str(), rc);
+    return 3;
+  }
+  std::printf("# plot written to %s\n", a.plot.c_str());
+  return 0;
+}
+
+}  // namespace ubep::bench::moe_bench
