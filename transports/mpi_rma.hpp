@@ -1,5 +1,12 @@
 // mpi: passive-target RMA on the world window (MPI_Win_lock_all held for the window's life).
 //
+// Completion (Transport's contract; the user-visible one is the @note of each call in
+// include/ubep/context.hpp). Nothing is remotely complete before flush(pe)/flush_all() (one
+// MPI_Win_flush per peer with operations in flight). put/get are locally complete on return through
+// MPI_Win_flush_local(pe); fetching atomics return their result through MPI_Win_flush_local(pe) and
+// still count as in flight; put_nbi/get_nbi, post_atomic and post_signal only issue. Besides those
+// flushes and the MPI calls themselves, a call blocks only for the flushes that ordering needs (below).
+//
 // Ordering. MPI orders neither two puts nor a put and an accumulate to another address, so:
 //  - post_atomic (the signal path) first flushes the peer when data to it is still in flight: the
 //    accumulate is then issued after the data is remotely complete (release semantics);
@@ -10,7 +17,11 @@
 //    update of a word by put after any update of it (or any update after a put of it) in flight to the
 //    same peer flushes that peer first: one word's updates stay in program order.
 //  - every call that can wait for the target (flush, flush_local, fetching atomics, accumulates, which
-//    osc ucx runs under a remote lock) goes through BoundedCaller, so a stalled peer gives a timeout.
+//    osc ucx runs under a remote lock) goes through blocking(), which runs it under BoundedCaller's
+//    deadline where the constructor's policy says so (UBEP_MPI_BOUNDED), so a stalled peer gives a
+//    timeout; the rest run inline. MPI_Put, MPI_Get (they only issue), MPI_Win_sync and MPI_Iprobe
+//    always run inline.
+//  - the origin buffers of posted accumulates live until a flush; once 4096 are in flight, flush_all().
 #pragma once
 
 #include <mpi.h>
@@ -43,7 +54,8 @@ class MpiRmaTransport final : public Transport {
   void fence() override;
   void flush(int pe) override;
   void flush_all() override;
-  /// Remote completion of the puts/gets only (peers with data in flight): what a signal must follow.
+  /// flush(pe) for every peer with a put or get in flight (which completes everything else to it too):
+  /// what a deferred signal must follow.
   void flush_data();
   bool outstanding() const noexcept override { return !dirty_list_.empty(); }
   /// Win_sync + a probe on `comm`: lets MPI progress RMA aimed at this rank.

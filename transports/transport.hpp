@@ -1,5 +1,15 @@
 // How bytes move to one peer. A transport never chooses policy (the route table in runtime/ does) and
 // never validates arguments (runtime/ did). Offsets are byte offsets into the peer's symmetric heap.
+//
+// This is the transport-level contract that runtime/ builds the user-visible one on; that one (when
+// each Context call completes locally and remotely, whether it blocks, with whom it communicates) is
+// the @note of each declaration in include/ubep/context.hpp, and is not restated here. Deferred signals
+// are runtime/'s (it holds them back and issues them through post_signal); a transport knows none.
+// "Local completion": the call is done with the caller's buffer. "Remote completion": the bytes or the
+// update are in the peer's memory. flush(pe) gives both for everything issued to pe before it,
+// flush_all() for every peer. LoadStoreTransport completes everything before it returns and never
+// blocks; MpiRmaTransport may block in the MPI calls that can wait for the target (mpi_rma.hpp says
+// which, and which of them get the deadline).
 #pragma once
 
 #include <cstddef>
@@ -13,19 +23,21 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const noexcept = 0;
-  /// Locally complete on return: `src` may be reused.
+  /// Local completion on return (`src` may be reused); remote completion at flush(pe)/flush_all().
   virtual void put(std::size_t offset, const void* src, std::size_t bytes, int pe) = 0;
-  /// Returns at once; `src` may be reused after flush(pe)/flush_all().
+  /// Returns at once; local and remote completion at flush(pe)/flush_all().
   virtual void put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) = 0;
-  /// Complete on return.
+  /// Local completion on return: `dst` holds the data.
   virtual void get(void* dst, std::size_t offset, std::size_t bytes, int pe) = 0;
-  /// `dst` holds the data after flush(pe)/flush_all().
+  /// Returns at once; `dst` holds the data after flush(pe)/flush_all().
   virtual void get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) = 0;
-  /// A fetching atomic (fetch_add, compare_swap, swap, fetch) on an 8-byte word; complete on return.
+  /// A fetching atomic (fetch_add, compare_swap, swap, fetch) on an 8-byte word: local completion on
+  /// return (the result is the old value); remote completion at flush(pe)/flush_all().
   virtual std::uint64_t fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
                                      int pe) = 0;
-  /// A non-fetching atomic (add, set) on an 8-byte word with release semantics: it becomes visible after
-  /// every put to `pe` this rank completed (or ordered with fence) before it. Remote completion at flush.
+  /// A non-fetching atomic (add, set) on an 8-byte word with release semantics: it becomes visible only
+  /// after every put and get this rank issued to `pe` before it. Local completion on return (the operand
+  /// is the transport's); remote completion at flush(pe)/flush_all().
   virtual void post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) = 0;
   /// A signal update (add, set): post_atomic's ordering and completion; only other signals and waits
   /// touch the word, so a transport may use a cheaper write than a general atomic.
@@ -33,8 +45,9 @@ class Transport {
     post_atomic(op, offset, operand, pe);
   }
   /// Orders operations to each peer: those issued before are delivered before those issued after.
+  /// Completes nothing.
   virtual void fence() = 0;
-  /// Remote completion of everything issued to `pe` (all peers).
+  /// Local and remote completion of everything issued to `pe` (flush_all: to every peer) before it.
   virtual void flush(int pe) = 0;
   virtual void flush_all() = 0;
   /// True when some operation may still be in flight (flush_all would do work).

@@ -5,23 +5,50 @@
 /// (alloc, alloc_signals) return the same offset on every rank, so a local pointer into the heap names
 /// the same object on every rank: `put(obj.data() + i, src, n, pe)` writes element i of obj on rank pe.
 ///
-/// Completion, as in OpenSHMEM:
-///  - blocking put/get/atomics are complete locally when they return (the source may be reused, the
-///    destination of a get or the result of an atomic holds the data);
-///  - put_nbi/get_nbi/put_signal_nbi return at once; the source may be reused, and the destination of a
-///    get read, only after quiet() or flush(pe);
-///  - quiet() completes every outstanding operation remotely; flush(pe) those to pe; fence() orders the
-///    operations to each peer issued before it before those issued after it, and completes nothing.
-///    All three are free when nothing is outstanding.
+/// What completes when. The `@note` on each communication declaration (here, in symmetric.hpp and in
+/// moe.hpp) is THE statement of its contract; README and the internal headers point here. Every note
+/// says, in this order:
+///  - Local completion: when the call is done with the caller's memory: a source may be reused, the
+///    destination of a get or the result of an atomic holds the data.
+///  - Remote completion: when the data or update is in the target's memory, where the target's waits and
+///    other ranks' operations see it (the target's plain loads see it once it has synchronized with this
+///    rank, e.g. by waiting for a signal that follows the data). quiet() gives both for every operation
+///    issued before it, flush(pe) for those to pe; fence() only orders.
+///  - Blocks: whether the call can wait, for what, and for how long.
+///  - Communicates: no; with pe; with the peers named; or collective over the communicator (every rank
+///    calls it, in the same order).
+/// The words the notes use:
+///  - self/shm vs mpi: the route of pe (route(pe)). On self/shm a put or get is a memcpy into the mapped
+///    heap, on mpi it is MPI RMA on the world window. Atomics and signals take one path for every peer:
+///    "load/store atomics" (CPU atomics) when atomics_through_mpi() is false, "through MPI" otherwise,
+///    for self and shm peers too.
+///  - Deferred signals: through MPI, put_signal_nbi and signal_op only record their signal. This rank's
+///    next quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic "delivers" them: one
+///    MPI_Win_flush per peer with data in flight, then every recorded signal (alloc, free, barrier and
+///    finalize do it through quiet()). Signals are issued, never completed, by the delivery: they are
+///    remotely complete at the next quiet() or flush(pe), and MPI usually delivers them before that.
+///  - Ordering flush: on the mpi route a call may first flush pe (MPI_Win_flush(pe)) where MPI would not
+///    order it after earlier calls: a fence() pending for pe, data in flight to pe before a signal or a
+///    non-fetching atomic, an update of a word while an earlier one of it is in flight and one of the two
+///    is an 8-byte signal put; and once 4096 signals and non-fetching atomics are in flight, every peer.
+///  - "at most UBEP_WAIT_TIMEOUT": the call throws Errc::timeout when its deadline passes, as below.
 ///
-/// Deadlines. Nothing waits forever: every wait and every collective, and on the mpi route every MPI
-/// call that may need the target's progress (MPI_Win_flush[_local], fetching atomics, accumulates),
-/// throws Errc::timeout after UBEP_WAIT_TIMEOUT with a message naming the peer. On the mpi route those
-/// MPI calls run on an internal worker thread while the caller polls (needs MPI_THREAD_MULTIPLE; with a
-/// lower thread level, or UBEP_WAIT_TIMEOUT=0, they run inline and unbounded). An MPI call that timed
-/// out stays pending inside MPI (MPI cannot cancel it): the next such call first waits for it, again
-/// with the deadline, so a peer that resumes heals the context, and buffers of the timed-out operation
-/// may still be read or written until then.
+/// Deadlines. Waits (wait_until*, and the MoE calls built on them) poll with the deadline
+/// WaitOptions::timeout or UBEP_WAIT_TIMEOUT and throw Errc::timeout with a report. ubep's collectives
+/// (the agreement in Context(), alloc, alloc_signals, Symmetric::free, barrier, agree, finalize) are
+/// non-blocking MPI requests polled with UBEP_WAIT_TIMEOUT: after one timed out the context runs no
+/// other collective (they throw Errc::timeout at once). On the mpi route the MPI calls that may need the
+/// target's progress (MPI_Win_flush[_local], fetching atomics, accumulates) run on an internal worker
+/// thread while the caller polls with UBEP_WAIT_TIMEOUT, as UBEP_MPI_BOUNDED says: by default every such
+/// call to a peer on another host, and fetching atomics to any peer; flushes and accumulates to a peer
+/// on the same host run inline (MPI completes them through shared memory). With a thread level below
+/// MPI_THREAD_MULTIPLE, UBEP_MPI_BOUNDED=off or UBEP_WAIT_TIMEOUT=0 they all run inline and unbounded
+/// (UBEP_WAIT_TIMEOUT=0 also lifts the deadline of collectives, and of waits without WaitOptions::timeout).
+/// An MPI call that timed out stays pending inside MPI (MPI cannot cancel it): the next such call first
+/// waits for it, again with the deadline, so a peer that resumes heals the context, and buffers of the
+/// timed-out operation may still be read or written until then. Plain MPI collectives have no deadline:
+/// those that build the context (communicators, windows, the topology exchange) and free it (after the
+/// agreement of finalize()), and moe::BspLayer's MPI_Alltoall[v].
 ///
 /// Thread safety: a Context is used by one thread at a time (the optional progress thread is internal).
 #pragma once
@@ -67,6 +94,11 @@ class Context {
   /// Collective over `comm` (duplicated, so user traffic never mixes with ours). Initializes MPI with
   /// MPI_THREAD_MULTIPLE when the caller has not; then finalize() also finalizes MPI. Allocates the
   /// symmetric heap, maps node peers, builds the route table and the topology.
+  /// @note Local completion: on return the context is ready on this rank. Remote completion: no rank returns
+  /// before every rank has joined the agreement on the settings. Blocks: until every rank of `comm` arrives;
+  /// the agreement at most UBEP_WAIT_TIMEOUT, the plain MPI collectives around it (MPI_Comm_dup, communicator
+  /// splits, allgathers, window creation, the topology exchange) without a deadline. Communicates: collective
+  /// over `comm`.
   explicit Context(MPI_Comm comm = MPI_COMM_WORLD, Options options = Options::from_env());
   Context(Context&&) noexcept;
   Context& operator=(Context&&) noexcept;
@@ -76,12 +108,20 @@ class Context {
   /// context not finalized stops its progress thread, becomes unusable (Errc::finalized), prints a
   /// warning, and leaves its MPI windows and communicators to MPI_Finalize (freeing them is collective);
   /// if this context initialized MPI, MPI stays initialized.
+  /// @note Local completion: none: operations still outstanding are abandoned, not completed. Remote
+  /// completion: none. Blocks: no (it joins the progress thread, if any). Communicates: no.
   ~Context();
 
   /// Collective: completes all operations, frees the heap and the windows, and finalizes MPI if this
   /// context initialized it. Every later call on this context or its objects throws Errc::finalized.
   /// When it throws (a peer never arrives: Errc::timeout), the progress thread is already stopped and
   /// the context is not finalized: call finalize() again, or let the destructor release it locally.
+  /// @note Local completion: on return every operation of this rank is complete (quiet()) and the heap,
+  /// windows and communicators are freed. Remote completion: no rank frees its windows before every rank has
+  /// completed its outstanding operations and joined. Blocks: quiet(), then the agreement, at most
+  /// UBEP_WAIT_TIMEOUT each; then MPI_Win_free, MPI_Comm_free and, if this context initialized MPI,
+  /// MPI_Finalize, plain MPI collectives that every rank has reached by then. Communicates: collective over
+  /// comm().
   void finalize();
   bool finalized() const noexcept;
 
@@ -108,37 +148,72 @@ class Context {
   /// then null). Every rank first completes its outstanding operations (quiet), so nothing aimed at an
   /// object destroyed earlier can land in the new one. Throws OutOfHeap naming UBEP_HEAP_SIZE, and
   /// Errc::collective_mismatch when ranks ask for different sizes or allocate in different orders.
+  /// @note Local completion: on return this rank's copy exists (uninitialized) and every operation this rank
+  /// issued before is complete (quiet()). Remote completion: no rank returns before every rank has completed
+  /// its outstanding operations and joined. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT
+  /// each. Communicates: collective over comm().
   template <class T>
   [[nodiscard]] Symmetric<T> alloc(std::size_t count) {
     static_assert(std::is_trivially_copyable_v<T>);
     return Symmetric<T>(state_ptr(), static_cast<T*>(alloc_bytes(count, sizeof(T), alignof(T))), count);
   }
   /// Collective: `count` 64-bit signal words, set to `initial` on every rank before any rank returns.
+  /// @note Local completion: on return, as alloc, and this rank's words hold `initial`. Remote completion: no
+  /// rank returns before every rank has set its words to `initial`, so no signal from a peer can be
+  /// overwritten by the initialization. Blocks: quiet(), then two agreements, at most UBEP_WAIT_TIMEOUT each.
+  /// Communicates: collective over comm().
   [[nodiscard]] Symmetric<std::uint64_t> alloc_signals(std::size_t count, std::uint64_t initial = 0);
   /// Collective barrier with a timeout; for setup code only, never used by ubep's data path.
+  /// @note Local completion: on return every operation this rank issued before is complete (quiet()). Remote
+  /// completion: no rank returns before every rank has completed the operations it issued before its barrier.
+  /// Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each. Communicates: collective over
+  /// comm().
   void barrier();
   /// Collective: every rank passes the same `values` (at most 6) or every rank throws
   /// Errc::collective_mismatch naming `what`, the value names and their range across ranks. For layers
   /// built on ubep (the MoE setup) to check that all ranks were configured alike.
+  /// @note Local completion: on return. Remote completion: none: unlike barrier() it completes no outstanding
+  /// operation. Blocks: until every rank joins, at most UBEP_WAIT_TIMEOUT. Communicates: collective over
+  /// comm().
   void agree(const char* what, std::initializer_list<std::int64_t> values, std::initializer_list<const char*> names);
   /// Bytes of symmetric heap still free (the largest block).
   std::size_t heap_free() const;
 
   // ---- RMA ------------------------------------------------------------------------------------------
-  /// Copies `bytes` from local `src` to symmetric `dest` on `pe`. Locally complete on return.
+  /// Copies `bytes` from local `src` to symmetric `dest` on `pe`.
+  /// @note Local completion: on return (`src` may be reused). Remote completion: self/shm on return; mpi at
+  /// the next quiet() or flush(pe). Blocks: self/shm no; mpi an ordering flush if a fence() is pending, then
+  /// MPI_Win_flush_local(pe), at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
   void put(void* dest, const void* src, std::size_t bytes, int pe);
-  /// Copies `bytes` from symmetric `src` on `pe` to local `dest`. Complete on return.
+  /// Copies `bytes` from symmetric `src` on `pe` to local `dest`.
+  /// @note Local completion: on return (`dest` holds the data). Remote completion: none (pe's memory is only
+  /// read). Blocks: self/shm no; mpi an ordering flush if a fence() is pending, then MPI_Win_flush_local(pe),
+  /// at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
   void get(void* dest, const void* src, std::size_t bytes, int pe);
-  /// Non-blocking put: `src` may be reused only after quiet()/flush(pe) (on self/shm it already may).
+  /// Non-blocking put.
+  /// @note Local completion: self/shm on return; mpi at the next quiet() or flush(pe) (only then may `src` be
+  /// reused). Remote completion: self/shm on return; mpi at the next quiet() or flush(pe). Blocks: self/shm
+  /// no; mpi only for an ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with
+  /// pe.
   void put_nbi(void* dest, const void* src, std::size_t bytes, int pe);
-  /// Non-blocking get: `dest` holds the data only after quiet()/flush(pe).
+  /// Non-blocking get.
+  /// @note Local completion: self/shm on return; mpi at the next quiet() or flush(pe) (only then does `dest`
+  /// hold the data). Remote completion: none (pe's memory is only read). Blocks: self/shm no; mpi only for an
+  /// ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
   void get_nbi(void* dest, const void* src, std::size_t bytes, int pe);
 
+  /// put() of a span.
+  /// @note As put(void*, const void*, std::size_t, int): Local completion: on return. Remote completion:
+  /// self/shm on return; mpi at the next quiet() or flush(pe). Blocks: mpi only, at most UBEP_WAIT_TIMEOUT.
+  /// Communicates: with pe.
   template <class T>
   void put(T* dest, std::span<const T> src, int pe) {
     static_assert(std::is_trivially_copyable_v<T>);
     put(static_cast<void*>(dest), src.data(), src.size_bytes(), pe);
   }
+  /// get() into a span.
+  /// @note As get(void*, const void*, std::size_t, int): Local completion: on return. Remote completion:
+  /// none. Blocks: mpi only, at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
   template <class T>
   void get(std::span<T> dest, const T* src, int pe) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -146,80 +221,196 @@ class Context {
   }
 
   /// Orders: operations to each peer before the fence are delivered before those after it, deferred
-  /// signals included (on the mpi route the fence issues them, after one flush per peer with data in
-  /// flight). Completes nothing else.
+  /// signals included (the fence delivers them).
+  /// @note Local completion: none of its own (delivering deferred signals completes the data in flight to the
+  /// peers they follow). Remote completion: none: it only orders; on the mpi route lazily, the next operation
+  /// to each peer that had operations in flight first flushes it (an ordering flush). Blocks: only to deliver
+  /// deferred signals, at most UBEP_WAIT_TIMEOUT per MPI call; free otherwise. Communicates: only to deliver
+  /// deferred signals.
   void fence();
-  /// Completes every outstanding operation (puts, gets, atomics, deferred signals) remotely.
+  /// Completes every outstanding operation of this rank (puts, gets, atomics, signals; deferred signals
+  /// are delivered first).
+  /// @note Local completion: on return, for every operation issued before it. Remote completion: on return,
+  /// for every operation issued before it. Blocks: mpi one MPI_Win_flush per peer with operations in flight,
+  /// at most UBEP_WAIT_TIMEOUT each (a peer whose flush timed out stays outstanding, and the next quiet()
+  /// flushes it again); self/shm a memory fence only; free when nothing is outstanding. Communicates: with
+  /// every peer that has operations in flight (not collective).
   void quiet();
-  /// Completes every outstanding operation to `pe` remotely.
+  /// Completes every outstanding operation to `pe`.
+  /// @note Local completion: on return, for every operation to pe issued before it. Remote completion: on
+  /// return, for every operation to pe issued before it (deferred signals: it delivers those to every peer,
+  /// and completes those to pe). Blocks: mpi deferred signals delivered first, then MPI_Win_flush(pe), at
+  /// most UBEP_WAIT_TIMEOUT each; free when nothing is outstanding to pe and no signal is deferred.
+  /// Communicates: with pe; with other peers only to deliver deferred signals.
   void flush(int pe);
 
   // ---- atomics on 64-bit words (8-byte aligned symmetric addresses) -----------------------------------
-  // Fetching ones are complete on return. Atomicity (README "Atomics"): with load/store atomics
-  // (atomics_through_mpi() false) all kinds are atomic with respect to each other; through MPI only one
-  // kind per word is (fetch_add/add, swap/set, or compare_swap, each with fetch), which this rank's own
-  // calls are checked for (Errc::unsupported).
+  // Atomicity (README "Atomics"): with load/store atomics (atomics_through_mpi() false) all kinds are
+  // atomic with respect to each other; through MPI only one kind per word is (fetch_add/add, swap/set, or
+  // compare_swap, each with fetch), which this rank's own calls are checked for (Errc::unsupported).
+  // Every atomic first delivers this rank's deferred signals, so updates of one word stay in program order.
+
+  /// Adds `value` to *dest on `pe`; returns the old value.
+  /// @note Local completion: on return (the result holds the old value). Remote completion: load/store
+  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
+  /// MPI deferred signals delivered first, an ordering flush, then one round trip to pe (MPI_Fetch_and_op +
+  /// MPI_Win_flush_local), at most UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
   std::uint64_t atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe);
-  /// Non-fetching add: complete remotely at the next quiet()/flush(pe); atomic like the others.
+  /// Non-fetching add; atomic like the others.
+  /// @note Local completion: on return (nothing of the caller's is read later). Remote completion: load/store
+  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
+  /// MPI deferred signals delivered first, an ordering flush (always when data to pe is in flight), then
+  /// MPI_Accumulate, at most UBEP_WAIT_TIMEOUT each. Communicates: with pe.
   void atomic_add(std::uint64_t* dest, std::uint64_t value, int pe);
   /// Sets *dest to `desired` if it equals `expected`; returns the old value either way.
+  /// @note Local completion: on return (the result holds the old value). Remote completion: load/store
+  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
+  /// MPI deferred signals delivered first, an ordering flush, then one round trip to pe (MPI_Compare_and_swap
+  /// + MPI_Win_flush_local), at most UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
   std::uint64_t atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe);
+  /// Sets *dest to `value`; returns the old value.
+  /// @note Local completion: on return (the result holds the old value). Remote completion: load/store
+  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
+  /// MPI deferred signals delivered first, an ordering flush, then one round trip to pe (MPI_Fetch_and_op +
+  /// MPI_Win_flush_local), at most UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
   std::uint64_t atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe);
+  /// Reads *dest atomically.
+  /// @note Local completion: on return (the result holds the value). Remote completion: none (the word is
+  /// only read). Blocks: load/store atomics no; through MPI deferred signals delivered first, an ordering
+  /// flush, then one round trip to pe (MPI_Fetch_and_op with MPI_NO_OP + MPI_Win_flush_local), at most
+  /// UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
   std::uint64_t atomic_fetch(const std::uint64_t* dest, int pe);
-  /// Non-fetching set: complete remotely at the next quiet()/flush(pe).
+  /// Non-fetching set.
+  /// @note Local completion: on return (nothing of the caller's is read later). Remote completion: load/store
+  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
+  /// MPI deferred signals delivered first, an ordering flush (always when data to pe is in flight), then
+  /// MPI_Accumulate, at most UBEP_WAIT_TIMEOUT each. Communicates: with pe.
   void atomic_set(std::uint64_t* dest, std::uint64_t value, int pe);
 
   // ---- signals -------------------------------------------------------------------------------------
   /// Puts `bytes` to `dest` on `pe`, then updates the signal `sig` on `pe` (set or add `value`). Any rank
-  /// that observes this update also sees the data of this call. Locally complete on return; the signal is
-  /// on its way (delivered without further calls on the self/shm routes, issued at once on mpi).
+  /// that observes this update also sees the data of this call.
+  /// @note Local completion: on return (`src` may be reused). Remote completion: the data on return on every
+  /// route (on mpi the call flushes pe before the signal); the signal with load/store atomics on return,
+  /// through MPI it is issued at once and complete at the next quiet() or flush(pe). Blocks: load/store
+  /// atomics no; through MPI deferred signals delivered first, an ordering flush (always when data to pe is
+  /// in flight), then the signal (an 8-byte MPI_Put for a set under UBEP_MPI_SIGNAL=put, else
+  /// MPI_Accumulate), at most UBEP_WAIT_TIMEOUT each. Communicates: with pe.
   void put_signal(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value, SignalOp op,
                   int pe);
-  /// Non-blocking put_signal. `src` may be reused after quiet()/flush(pe). On the mpi route the signal
-  /// is held back and issued after one flush that covers all data puts (batching): it is delivered at the
-  /// latest by this rank's next quiet(), flush(pe), wait or test.
+  /// Non-blocking put_signal: through MPI the signal is deferred and delivered after one flush that
+  /// covers all data puts (batching); any rank that observes it also sees the data of this call.
+  /// @note Local completion: on return, except `src` for a pe on the mpi route: at the next quiet() or
+  /// flush(pe). Remote completion: with load/store atomics data and signal on return; through MPI the data on
+  /// the self/shm routes on return, the mpi route's data when the signal is delivered (this rank's next
+  /// quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic), the signal at the next
+  /// quiet() or flush(pe). Blocks: self/shm no; mpi only for an ordering flush (a pending fence()), at most
+  /// UBEP_WAIT_TIMEOUT. Communicates: with pe.
   void put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
                       SignalOp op, int pe);
   /// A signal update alone, ordered after every earlier put and put_nbi of this rank (to any peer, no
-  /// fence needed): on load/store it is a release store, on the mpi route it is held back and issued
-  /// after one flush per peer with data in flight. Delivered like put_signal_nbi's signal.
+  /// fence needed): with load/store atomics a release store (or add); through MPI deferred, and
+  /// delivered after one flush per peer with data in flight.
+  /// @note Local completion: on return (nothing of the caller's is read later). Remote completion: with
+  /// load/store atomics on return; through MPI delivered by this rank's next quiet(), flush(), fence(), wait,
+  /// test*, progress(), put_signal or atomic, complete at the next quiet() or flush(pe). Blocks: no.
+  /// Communicates: with pe.
   void signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe);
   /// The current value of a local signal (an acquire load).
+  /// @note Local completion: on return (the value read). Remote completion: none. Blocks: no. Communicates:
+  /// no (unlike test, it neither delivers deferred signals nor lets MPI progress).
   std::uint64_t signal_fetch(const std::uint64_t* sig) const;
 
   /// Blocks until `*sig <cmp> value` holds for the local signal; returns the value observed. Throws
   /// Errc::timeout with a report (signal, value, condition, expected writers) when the deadline passes.
-  /// Every wait, also one whose condition already holds, first delivers this rank's deferred signals
-  /// and, when some peer is on the mpi route, calls MPI_Win_sync before it returns.
+  /// @note Local completion: on return the condition held, and the data of the put_signal (or the puts before
+  /// the signal_op) that made it hold is visible here (on the mpi route after MPI_Win_sync). Remote
+  /// completion: this rank's deferred signals are delivered first, also when the condition already holds.
+  /// Blocks: until the condition holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline);
+  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
+  /// rank's deferred signals; while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   std::uint64_t wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
-  /// Blocks until every signal in `sigs` satisfies the condition.
+  /// Blocks until every signal in `sigs` satisfies the condition (an empty set returns at once).
+  /// @note Local completion: as wait_until, for every signal. Remote completion: this rank's deferred signals
+  /// are delivered first, also when the condition already holds (not for an empty set). Blocks: until the
+  /// condition holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering
+  /// deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's
+  /// deferred signals; while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
-  /// Same, with one value per signal (`values.size() == sigs.size()`).
+  /// Same, with one value per signal (`values.size() == sigs.size()`; kSignalIgnored leaves a signal out,
+  /// and a set left empty returns at once).
+  /// @note Local completion: as wait_until, for every signal awaited. Remote completion: this rank's deferred
+  /// signals are delivered first, also when the condition already holds (not when no signal is awaited).
+  /// Blocks: until the condition holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline);
+  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
+  /// rank's deferred signals; while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
                       const WaitOptions& opts = {});
-  /// Blocks until at least one signal satisfies the condition; returns its index.
+  /// Blocks until at least one signal satisfies the condition; returns its index. An empty set throws
+  /// Errc::invalid_argument.
+  /// @note Local completion: as wait_until, for the signal returned. Remote completion: this rank's deferred
+  /// signals are delivered first, also when the condition already holds. Blocks: until the condition holds,
+  /// at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals at most
+  /// UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals; while it
+  /// waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   std::size_t wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
                              const WaitOptions& opts = {});
+  /// Same, with one value per signal; a set with every value kSignalIgnored throws as an empty one.
+  /// @note Local completion: as wait_until, for the signal returned. Remote completion: this rank's deferred
+  /// signals are delivered first, also when the condition already holds. Blocks: until the condition holds,
+  /// at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals at most
+  /// UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals; while it
+  /// waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   std::size_t wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
                              const WaitOptions& opts = {});
   /// Blocks until at least one signal satisfies the condition; returns the indices of all that do.
+  /// @note Local completion: as wait_until, for every signal returned. Remote completion: this rank's
+  /// deferred signals are delivered first, also when the condition already holds. Blocks: until the condition
+  /// holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals
+  /// at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals;
+  /// while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
                                            const WaitOptions& opts = {});
+  /// Same, with one value per signal.
+  /// @note Local completion: as wait_until, for every signal returned. Remote completion: this rank's
+  /// deferred signals are delivered first, also when the condition already holds. Blocks: until the condition
+  /// holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals
+  /// at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals;
+  /// while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp,
                                            std::span<const std::uint64_t> values, const WaitOptions& opts = {});
-  /// Whether the condition holds now (test), the index of one signal that satisfies it (test_any), the
-  /// indices of all that do (test_some), whether all do (test_all). They never wait for the condition
-  /// or for a peer's action. They do deliver this rank's deferred signals (the promise of
-  /// put_signal_nbi and signal_op), which on the mpi route first completes the data puts those signals
-  /// follow: an MPI_Win_flush per peer with data in flight, a network round trip, bounded by
-  /// UBEP_WAIT_TIMEOUT like every blocking MPI call. With no deferred signal they only read the words
-  /// and let MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// Whether the condition holds now for the local signal. test, test_all, test_any and test_some never
+  /// wait for their condition.
+  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
+  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
+  /// delivering deferred signals (mpi: one MPI_Win_flush per peer with data in flight, a round trip, then the
+  /// signals) at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred
+  /// signals; when the mpi route is in use it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   bool test(const std::uint64_t* sig, Cmp cmp, std::uint64_t value);
+  /// test for every signal of `sigs` (true for an empty set).
+  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
+  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
+  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
+  /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
   bool test_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
+  /// The index of the first signal of `sigs` that satisfies the condition, if any.
+  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
+  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
+  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
+  /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
   std::optional<std::size_t> test_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
+  /// The indices of every signal of `sigs` that satisfies the condition.
+  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
+  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
+  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
+  /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
   std::vector<std::size_t> test_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
 
   /// Lets MPI progress and delivers deferred signals; for long loops that do not otherwise call ubep.
+  /// @note Local completion: none of its own (delivering deferred signals completes the data in flight to the
+  /// peers they follow). Remote completion: this rank's deferred signals are delivered. Blocks: only to
+  /// deliver deferred signals, at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
+  /// rank's deferred signals; when the mpi route is in use it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
   void progress();
 
   /// What this rank runs on (MPI window models, routes, transports in use), for tools and logs.

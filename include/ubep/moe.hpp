@@ -17,6 +17,11 @@
 /// combine_recv (and combine) completes calls in dispatch order, oldest first, and throws
 /// Errc::invalid_argument for any other call, changing nothing. Host memory. Not thread-safe: one
 /// thread drives a layer.
+///
+/// What completes when: the `@note` on each call of LayerBase (and on the constructors) says it, in the
+/// four parts and words of context.hpp, for Layer and BspLayer where they differ. In short: Layer never
+/// runs a collective after setup and every wait it makes has the deadline UBEP_WAIT_TIMEOUT; BspLayer's
+/// dispatch_send and combine_recv are plain MPI collectives on ctx.comm(), without a deadline.
 #pragma once
 
 #include <cstddef>
@@ -107,25 +112,63 @@ class LayerBase {
   /// Starts a dispatch: checks the input, sends every token to the ranks of its top-k experts and returns
   /// as soon as everything is issued. tokens: [n x hidden] of dtype; topk_idx, topk_weights: [n x topk];
   /// scales: [n] for e4m3, empty otherwise. The inputs may be reused when dispatch_send returns.
-  /// Throws Errc::out_of_range (expert id, n), invalid_argument (duplicate expert in one token, sizes).
+  /// Throws Errc::out_of_range (expert id, n), invalid_argument (duplicate expert in one token, sizes,
+  /// more than UBEP_RUN_AHEAD calls in flight), each before anything communicates.
+  /// @note Local completion: on return (the inputs may be reused; they are copied into the owners' buffers or
+  /// a staging copy). Remote completion: Layer: the tokens are at each owner when its
+  /// dispatch_recv/next_expert observes this rank's signal; every signal is issued before dispatch_send
+  /// returns (on the mpi route after one flush per owner, which completes the tokens). BspLayer: at each
+  /// owner when its own dispatch_send returns (MPI_Alltoallv). Blocks: Layer: from call UBEP_RUN_AHEAD on,
+  /// until each owner has released call c - UBEP_RUN_AHEAD, whose buffers call c reuses, at most
+  /// UBEP_WAIT_TIMEOUT per owner (Errc::timeout naming it); on the mpi route one MPI_Win_flush per owner, at
+  /// most UBEP_WAIT_TIMEOUT. BspLayer: until every rank joins MPI_Alltoall and MPI_Alltoallv, without a
+  /// deadline. Communicates: Layer: with every rank that owns an expert (a header and a signal also for 0
+  /// tokens), one-sided. BspLayer: collective over ctx.comm().
   [[nodiscard]] Handle dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                      std::span<const float> topk_weights, std::span<const float> scales = {});
   /// Waits until every local expert has all its tokens. Any call in flight, in any order; in ubep's Layer
   /// the buffers of a call received before an older one are handed back to the sources together with
   /// the older call's (a source's dispatch_send that reuses them waits for that).
+  /// @note Local completion: on return expert_tokens(h, e) holds the tokens of every local expert. Remote
+  /// completion: Layer: the release of the received buffers (a signal to every rank; none from a rank without
+  /// experts) is issued on return, or later with an older call not yet received; BspLayer: nothing to
+  /// complete. Blocks: Layer: until every source's tokens are in, at most UBEP_WAIT_TIMEOUT per wait
+  /// (Errc::timeout naming the sources missing), then to deliver the release, at most UBEP_WAIT_TIMEOUT per
+  /// MPI call; BspLayer: no. Communicates: Layer: waits for every source's signals, then signals every rank;
+  /// BspLayer: no (dispatch_send received everything).
   virtual void dispatch_recv(Handle& h) = 0;
   /// dispatch_send + dispatch_recv.
+  /// @note Local completion: on return the inputs may be reused and expert_tokens(h, e) holds the tokens of
+  /// every local expert. Remote completion: as dispatch_send and dispatch_recv. Blocks: as dispatch_send,
+  /// then as dispatch_recv. Communicates: Layer: with every rank, one-sided; BspLayer: collective over
+  /// ctx.comm().
   [[nodiscard]] Handle dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                 std::span<const float> topk_weights, std::span<const float> scales = {});
   /// The next local expert whose tokens are all in (waiting if none is yet), in completion order;
   /// nullopt once every local expert was returned. In ubep's Layer an expert completes when every source
   /// on the node has signalled that expert and every off-node source its whole region. Any call in
   /// flight, in any order, as dispatch_recv.
+  /// @note Local completion: on return expert_tokens(h, *e) holds the tokens of the expert returned. Remote
+  /// completion: Layer: once the last local expert is in, the release as in dispatch_recv; BspLayer: nothing
+  /// to complete. Blocks: Layer: only when none of the experts still to return is complete, at most
+  /// UBEP_WAIT_TIMEOUT per wait, and after the last one to deliver the release, at most UBEP_WAIT_TIMEOUT per
+  /// MPI call; never once every expert was returned (nullopt); BspLayer: no. Communicates: Layer: waits for
+  /// the sources' signals, and after the last local expert signals every rank; BspLayer: no.
   virtual std::optional<int> next_expert(Handle& h) = 0;
   /// The tokens of local expert `local` (it must be complete: from next_expert or after dispatch_recv).
+  /// @note Local completion: on return (the spans point into this call's local copy, valid until
+  /// combine_recv(h) returns). Remote completion: none. Blocks: no. Communicates: no.
   ExpertTokens expert_tokens(const Handle& h, int local) const;
   /// Sends local expert `local`'s outputs back: [count x hidden] of output_dtype(dtype), in the order of
   /// expert_tokens. Returns when `outputs` may be reused. Any call in flight, in any order.
+  /// @note Local completion: on return (`outputs` may be reused; they are copied to the sources or to a
+  /// staging copy). Remote completion: Layer: the outputs are at each source when its combine_recv observes
+  /// this rank's signal, which the combine_send of the last local expert issues (on the mpi route after one
+  /// flush per source, which completes the outputs); BspLayer: at combine_recv's MPI_Alltoallv. Blocks:
+  /// Layer: only the call for the last local expert, through MPI, to deliver the signals (one MPI_Win_flush
+  /// per peer with data in flight), at most UBEP_WAIT_TIMEOUT per MPI call; BspLayer: no. Communicates:
+  /// Layer: with the sources of this expert's tokens, and after the last local expert a signal to every
+  /// source that sent tokens; BspLayer: no (a local copy).
   virtual void combine_send(Handle& h, int local, std::span<const std::byte> outputs) = 0;
   /// Waits for the outputs of every expert this rank's tokens went to and writes
   /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, k ascending, original token order.
@@ -133,12 +176,27 @@ class LayerBase {
   /// free a buffer set that the next dispatch overwrites while an older call still reads it), with every
   /// local expert combine_sent. Throws Errc::invalid_argument naming the call given and the one expected,
   /// before anything communicates: the layer stays usable, combine the older call first.
+  /// @note Local completion: on return `out` holds the sums, and the call is done (its expert_tokens spans
+  /// are no longer valid, and `h` is refused by every later call). Remote completion: Layer: nothing of its
+  /// own (it only waits; its deferred signals are delivered first, as by every wait); BspLayer: this rank's
+  /// expert outputs are at each source when its own combine_recv returns (MPI_Alltoallv). Blocks: Layer:
+  /// until every owner this rank sent tokens to has signalled its outputs, at most UBEP_WAIT_TIMEOUT
+  /// (Errc::timeout naming the owners); BspLayer: until every rank joins MPI_Alltoallv, without a deadline.
+  /// Communicates: Layer: waits for the owners' signals, sends nothing; BspLayer: collective over ctx.comm().
   virtual void combine_recv(Handle& h, std::span<float> out) = 0;
   /// combine_send for every local expert (outputs[i] for local expert i), then combine_recv. Checks the
   /// order first: a call out of order throws as combine_recv does, before any combine_send.
+  /// @note Local completion: on return, as combine_recv (the outputs may be reused too). Remote completion:
+  /// as combine_send, then combine_recv. Blocks: as combine_send, then combine_recv. Communicates: Layer:
+  /// with the sources of this rank's experts, and waits for the owners of its tokens, one-sided; BspLayer:
+  /// collective over ctx.comm().
   void combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out);
 
  protected:
+  /// Checks the config on this rank, then agrees on it with every rank (Context::agree).
+  /// @note Local completion: on return. Remote completion: no rank returns before every rank has joined the
+  /// agreement. Blocks: until every rank joins, at most UBEP_WAIT_TIMEOUT. Communicates: collective over
+  /// ctx's communicator.
   LayerBase(Context& ctx, const Config& config, const char* who);
   /// The implementation part of dispatch_send; `tokens` and `scales` are the caller's (checked) input.
   virtual void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) = 0;
@@ -181,12 +239,20 @@ class Layer final : public LayerBase {
   /// largest free block plus heap_bytes() (it assumes that block is the heap's free end, which holds
   /// unless freed objects left a larger hole below a live one). Peers are served in the order of the
   /// schedule `UBEP_SCHEDULE` (ctx.options().schedule).
+  /// @note Local completion: on return the buffers exist on this rank, its signals zeroed. Remote completion:
+  /// no rank returns before every rank has zeroed its signals (Context::alloc_signals). Blocks: the config
+  /// agreement, two Context::alloc and three Context::alloc_signals, each at most UBEP_WAIT_TIMEOUT.
+  /// Communicates: collective over ctx's communicator.
   Layer(Context& ctx, const Config& config);
+  /// Releases the buffers on this rank only, as ~Symmetric does.
+  /// @note Local completion: none: calls still in flight are abandoned. Remote completion: none. Blocks: no.
+  /// Communicates: no.
   ~Layer() override;
   /// Symmetric heap bytes a Layer needs per rank for this config and run-ahead.
   static std::size_t heap_bytes(const Config& config, int ranks, unsigned run_ahead);
   std::size_t buffer_bytes() const override;
   const char* name() const noexcept override { return "ubep"; }
+  // The contract of these is the @note of each LayerBase declaration, its "Layer" parts.
   void dispatch_recv(Handle& h) override;
   std::optional<int> next_expert(Handle& h) override;
   void combine_send(Handle& h, int local, std::span<const std::byte> outputs) override;
@@ -205,10 +271,16 @@ class Layer final : public LayerBase {
 class BspLayer final : public LayerBase {
  public:
   /// Collective. Throws as Layer's constructor does, except OutOfHeap (it allocates no symmetric memory).
+  /// @note Local completion: on return. Remote completion: no rank returns before every rank has joined the
+  /// config agreement. Blocks: the agreement, at most UBEP_WAIT_TIMEOUT. Communicates: collective over ctx's
+  /// communicator.
   BspLayer(Context& ctx, const Config& config);
+  /// @note Local completion: none: calls in flight are abandoned. Remote completion: none. Blocks: no.
+  /// Communicates: no.
   ~BspLayer() override;
   std::size_t buffer_bytes() const override;
   const char* name() const noexcept override { return "bsp"; }
+  // The contract of these is the @note of each LayerBase declaration, its "BspLayer" parts.
   void dispatch_recv(Handle& h) override;
   std::optional<int> next_expert(Handle& h) override;
   void combine_send(Handle& h, int local, std::span<const std::byte> outputs) override;

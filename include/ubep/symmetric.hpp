@@ -38,12 +38,17 @@ class Symmetric {
  public:
   Symmetric() = default;
   Symmetric(Symmetric&& other) noexcept { swap(other); }
+  /// Releases the object this handle held, as the destructor does.
   Symmetric& operator=(Symmetric&& other) noexcept {
     Symmetric(std::move(other)).swap(*this);
     return *this;
   }
   Symmetric(const Symmetric&) = delete;
   Symmetric& operator=(const Symmetric&) = delete;
+  /// Releases the object on this rank only; never throws.
+  /// @note Local completion: none: operations aimed at the object that are still outstanding are not
+  /// completed here (the next Context::alloc completes every rank's before it hands the memory out again).
+  /// Remote completion: none. Blocks: no. Communicates: no (after finalize() it does nothing).
   ~Symmetric() {
     if (state_ && ptr_) detail::release_symmetric(*state_, ptr_);
   }
@@ -56,6 +61,11 @@ class Symmetric {
 
   /// Collective: frees the object on every rank; throws Errc::collective_mismatch when ranks free
   /// different objects. Completes outstanding operations first.
+  /// @note Local completion: on return every operation this rank issued before is complete (Context::quiet())
+  /// and the object is gone. Remote completion: no rank returns before every rank has completed its
+  /// outstanding operations and joined. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each
+  /// (context.hpp, "Deadlines"). Communicates: collective over the context's communicator; an empty handle
+  /// (moved from, or of count 0) does nothing and communicates with nobody.
   void free() {
     if (state_ && ptr_) detail::free_symmetric(*state_, ptr_);
     state_.reset();
