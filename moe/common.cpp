@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 
 #include "moe/handle.hpp"
+#include "moe/kernels.hpp"
 #include "ubep/moe.hpp"
 
 namespace ubep::moe {
@@ -39,10 +39,6 @@ bool valid(DType t) {
 
 std::size_t element_size(DType t) noexcept { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 1; }
 DType output_dtype(DType t) noexcept { return t == DType::f32 ? DType::f32 : DType::bf16; }
-
-namespace {
-inline float bf16_bits_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
-}  // namespace
 
 std::uint16_t float_to_bf16(float f) noexcept {
   std::uint32_t u = std::bit_cast<std::uint32_t>(f);
@@ -265,10 +261,7 @@ Handle LayerBase::dispatch(std::span<const std::byte> tokens, std::span<const in
 void LayerBase::pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
                      std::span<const float> scales) const {
   const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
-  for (std::size_t j = 0; j < toks.size(); ++j) {
-    std::memcpy(dst + j * token_bytes_, tokens.data() + toks[j] * payload, payload);
-    if (!scales.empty()) std::memcpy(dst + j * token_bytes_ + payload, &scales[toks[j]], 4);
-  }
+  pack_tokens(toks, tokens, scales, payload, dst, token_bytes_);
 }
 
 ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
@@ -307,21 +300,16 @@ void LayerBase::regroup(HandleState& h, int le, const std::function<const std::b
   data.resize(total * payload);
   std::vector<float>& scales = h.expert_scales[le];
   scales.resize(config_.dtype == DType::e4m3 ? total : 0);
-  std::size_t row = 0;
+  const std::span<const int> counts(&h.recv_counts[static_cast<std::size_t>(le) * size_], size_);
+  std::vector<const std::byte*> blocks(counts.size(), nullptr);
   for (int s = 0; s < size_; ++s) {
-    const int c = h.recv_counts[static_cast<std::size_t>(le) * size_ + s];
-    if (c == 0) continue;
-    const std::byte* p = block(s);
-    for (int j = 0; j < c; ++j, ++row) {
-      std::memcpy(data.data() + row * payload, p + j * token_bytes_, payload);
-      if (!scales.empty()) std::memcpy(&scales[row], p + j * token_bytes_ + payload, 4);
-    }
+    if (counts[s] != 0) blocks[s] = block(s);
   }
+  regroup_tokens(counts, blocks, token_bytes_, payload, data.data(), scales.empty() ? nullptr : scales.data());
   h.ready[le] = 1;
   ++h.num_ready;
 }
 
-// reduce() uses bf16_bits_to_float directly: the exported bf16_to_float would be a PLT call per element.
 void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
   const std::size_t hidden = static_cast<std::size_t>(config_.hidden);
   if (out.size() != static_cast<std::size_t>(h.n) * hidden) {
@@ -329,26 +317,8 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
                 "ubep: rank " + std::to_string(rank_) + ": combine_recv: out has " + std::to_string(out.size()) +
                     " elements, expected n x hidden = " + std::to_string(static_cast<std::size_t>(h.n) * hidden));
   }
-  const int k = config_.topk, L = map_.max_local();
   const bool f32 = output_dtype(config_.dtype) == DType::f32;
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (int t = 0; t < h.n; ++t) {
-    float* o = out.data() + static_cast<std::size_t>(t) * hidden;
-    for (int a = 0; a < k; ++a) {
-      const int e = h.idx[static_cast<std::size_t>(t) * k + a], d = map_.owner(e), le = e - map_.first(d);
-      const std::size_t slot =
-          h.coffset[static_cast<std::size_t>(d) * L + le] + h.pos[static_cast<std::size_t>(t) * k + a];
-      const std::byte* y = combine + slot * out_token_bytes_;
-      const float w = h.weights[static_cast<std::size_t>(t) * k + a];
-      if (f32) {
-        const float* v = reinterpret_cast<const float*>(y);
-        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * v[i];
-      } else {
-        const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(y);
-        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * bf16_bits_to_float(v[i]);
-      }
-    }
-  }
+  reduce_outputs(map_, config_.topk, h.idx, h.weights, h.pos, h.coffset, combine, out_token_bytes_, f32, hidden, out);
 }
 
 int LayerBase::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {

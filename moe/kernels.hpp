@@ -1,0 +1,39 @@
+// The CPU loops of dispatch/combine (private to moe/): packing tokens into a send buffer, regrouping the
+// received batches of one local expert into one array, and the weighted reduction of the expert outputs.
+// Plain arguments only, so that bench/micro/ times exactly the code both layers run (LayerBase::pack,
+// regroup and reduce are thin wrappers around these).
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ubep/moe.hpp"
+
+namespace ubep::moe {
+
+/// bfloat16 bits to float, inline: the exported bf16_to_float would be a PLT call per element.
+inline float bf16_bits_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+
+/// Copies token toks[j] (`payload` bytes at tokens + toks[j] * payload) to dst + j * stride, followed by
+/// its 4-byte scale scales[toks[j]] when `scales` is not empty (e4m3).
+void pack_tokens(std::span<const int> toks, std::span<const std::byte> tokens, std::span<const float> scales,
+                 std::size_t payload, std::byte* dst, std::size_t stride);
+
+/// Concatenates counts[s] rows of block s (blocks[s], row stride `stride`; read only when counts[s] > 0)
+/// for s = 0, 1, ...: the `payload` bytes of each row into `data`, contiguously, and when `scales` is not
+/// null the 4-byte scale that follows the payload into scales[row]. `data` holds sum(counts) x payload
+/// bytes, `scales` as many floats.
+void regroup_tokens(std::span<const int> counts, std::span<const std::byte* const> blocks, std::size_t stride,
+                    std::size_t payload, std::byte* data, float* scales);
+
+/// out[t] = sum_a weights[t,a] * row(t,a), a = 0..topk-1 ascending, in float, for t = 0..n-1 with
+/// n = idx.size() / topk, out [n x hidden] (overwritten). Row (t,a) of expert e = idx[t,a], owned by rank
+/// d = map.owner(e) as local expert le, is combine + (coffset[d * map.max_local() + le] + pos[t,a]) *
+/// row_bytes: `hidden` floats when `f32`, else `hidden` bfloat16 values.
+void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
+                    std::span<const int> pos, std::span<const std::size_t> coffset, const std::byte* combine,
+                    std::size_t row_bytes, bool f32, std::size_t hidden, std::span<float> out);
+
+}  // namespace ubep::moe
