@@ -7,4 +7,6 @@
 #include "ubep/error.hpp"
 #include "ubep/moe.hpp"
 #include "ubep/options.hpp"
+#include "ubep/signal.hpp"
+#include "ubep/symmetric.hpp"
 #include "ubep/topology.hpp"
