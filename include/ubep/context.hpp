@@ -76,9 +76,11 @@ class Topology;
 
 /// What a Context runs on, as seen by this rank (Context::info()); for tools such as ubep-info and for logs.
 struct RuntimeInfo {
-  /// MPI_WIN_MODEL of the node window (the shm route's MPI_Win_allocate_shared) and of the world window
-  /// (the mpi route's MPI_Win_create): "MPI_WIN_UNIFIED", "MPI_WIN_SEPARATE", "unknown" (MPI did not
-  /// say) or "none" (this context has no such window: a transport list without shm, a single node...).
+  /// MPI_WIN_MODEL of the node window (MPI_Win_allocate_shared: it holds the symmetric heap, so every
+  /// context has one; the shm route maps it) and of the world window (MPI_Win_create over the same heap,
+  /// for the mpi route): "MPI_WIN_UNIFIED", "MPI_WIN_SEPARATE", "unknown" (MPI did not say) or "none"
+  /// (no such window: the world window is created, collectively, only when some rank's routes or
+  /// atomics use MPI).
   std::string node_window_model;
   std::string world_window_model;
   /// route(pe) for every pe of the communicator.

@@ -50,9 +50,9 @@ TEST(PublicApi, InfoMatchesTheRouteTable) {
   const std::set<std::string> models{"MPI_WIN_UNIFIED", "MPI_WIN_SEPARATE", "unknown", "none"};
   EXPECT_TRUE(models.count(info.node_window_model)) << info.node_window_model;
   EXPECT_TRUE(models.count(info.world_window_model)) << info.world_window_model;
-  // The mpi route needs the world window; the shm route needs the node window.
-  if (used.count("mpi")) EXPECT_NE(info.world_window_model, "none");
-  if (used.count("shm")) EXPECT_NE(info.node_window_model, "none");
+  // The heap lives in the node window, so it always exists; the world window exactly when MPI is used.
+  EXPECT_NE(info.node_window_model, "none");
+  EXPECT_EQ(info.world_window_model == "none", !used.count("mpi")) << info.world_window_model;
   EXPECT_TRUE(test::all_ranks(!HasFailure()));
   ctx.finalize();
   test::expect_error(Errc::finalized, [&] { (void)ctx.info(); }, {"info", "finalized"});
