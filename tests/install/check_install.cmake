@@ -4,13 +4,7 @@
 # config and ubep.pc name (Threads, hwloc, cudart: what a static archive cannot carry itself).
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
-function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}")
-  endif()
-  set(last_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 if(STATIC)
   run(${CMAKE_COMMAND} -S ${UBEP_SOURCE_DIR} -B ${WORK_DIR}/ubep-static -G ${GENERATOR} -DBUILD_SHARED_LIBS=OFF
       -DCMAKE_BUILD_TYPE=Release -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_BENCH=OFF -DUBEP_BUILD_TOOLS=OFF

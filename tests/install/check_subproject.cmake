@@ -1,13 +1,7 @@
 # cmake -P script: configures and builds subproject/ (ubep through add_subdirectory), runs its consumer,
 # and checks that the configure step never looked for the tools' or tests' dependencies.
 file(REMOVE_RECURSE ${WORK_DIR})
-function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}")
-  endif()
-  set(last_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR} -G ${GENERATOR} -DUBEP_SOURCE_DIR=${UBEP_SOURCE_DIR}
     -DCMAKE_BUILD_TYPE=Release -DMPI_CXX_COMPILER=${MPI_CXX_COMPILER})
 file(STRINGS ${WORK_DIR}/CMakeCache.txt looked REGEX "^(CLI11_DIR|GTest_DIR|benchmark_DIR):")
