@@ -132,8 +132,8 @@ Options Options::from_env() {
   if (const char* v = env("UBEP_TRANSPORTS")) {
     o.transports = split(v, ',');
     for (const std::string& t : o.transports) {
-      if (t != "self" && t != "shm" && t != "mpi")
-        bad("UBEP_TRANSPORTS", v, "unknown transport '" + t + "' (self, shm, mpi)");
+      if (t != "self" && t != "shm" && t != "mpi" && t != "ucx")
+        bad("UBEP_TRANSPORTS", v, "unknown transport '" + t + "' (self, shm, mpi, ucx)");
     }
     if (o.transports.empty()) bad("UBEP_TRANSPORTS", v, "no transport named");
   }

@@ -43,6 +43,9 @@ struct Layer::Impl {
 };
 
 namespace {
+
+/// Routes over a network (mpi, ucx): a source packs each peer's region into one message and one signal.
+bool packed(Route r) { return r == Route::mpi || r == Route::ucx; }
 constexpr std::uint64_t tag(std::uint64_t call) { return (call + 1) << 32; }
 constexpr std::size_t up64(std::size_t b) { return (b + 63) / 64 * 64; }
 
@@ -104,7 +107,7 @@ Layer::Layer(Context& ctx, const Config& config)
     impl_->writers.insert(impl_->writers.end(), impl_->peers.begin(), impl_->peers.end());
   }
   bool any_mpi = false;
-  for (int d = 0; d < size_; ++d) any_mpi = any_mpi || ctx.route(d) == Route::mpi;
+  for (int d = 0; d < size_; ++d) any_mpi = any_mpi || packed(ctx.route(d));
   // One call's regions to all mpi-route peers: a header each, and at most M x topk tokens in all.
   if (any_mpi) impl_->staging.resize(P * g.header + M * config.topk * token_bytes_);
 }
@@ -141,7 +144,7 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       ctx_.signal_op(&m.dsig[(h.set * (L + 1) + row) * P + rank_], tag(h.call) | count, SignalOp::set, d);
     };
     const std::size_t header_bytes = 2 * static_cast<std::size_t>(local_d) * sizeof(std::uint64_t);
-    if (ctx_.route(d) != Route::mpi) {
+    if (!packed(ctx_.route(d))) {
       // Load/store: copy the header, then each expert's tokens straight into d's region, and signal
       // each expert as soon as its tokens are in.
       ctx_.put(region, header.data(), header_bytes, d);
@@ -166,9 +169,15 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
         row += toks.size() * token_bytes_;
       }
       const std::size_t bytes = m.header + rows * token_bytes_;
-      ctx_.put_nbi(region, st, bytes, d);
-      staged += bytes;
-      signal(L, rows);
+      if (ctx_.route(d) == Route::ucx) {
+        // One active message, data and signal; locally complete on return, so the staging is free.
+        ctx_.put_signal(region, st, bytes, &m.dsig[(h.set * (L + 1) + L) * P + rank_], tag(h.call) | rows,
+                        SignalOp::set, d);
+      } else {
+        ctx_.put_nbi(region, st, bytes, d);
+        staged += bytes;
+        signal(L, rows);
+      }
     }
   }
   // On the mpi route: one flush per peer (which also frees the staging), then every signal.
@@ -184,10 +193,8 @@ std::optional<int> Layer::next_expert(Handle& h) {
   if (s.num_returned == local) return std::nullopt;
   const std::size_t L = map_.max_local(), P = size_;
   const std::span<const std::uint64_t> sigs(&m.dsig[s.set * (L + 1) * P], (L + 1) * P);
-  // The dsig row that covers expert le from src: its own row over load/store, the region row over mpi.
-  const auto row = [&](std::size_t le, std::size_t src) {
-    return ctx_.route(static_cast<int>(src)) == Route::mpi ? L : le;
-  };
+  // The dsig row that covers expert le from src: its own row over load/store, the region row over mpi and ucx.
+  const auto row = [&](std::size_t le, std::size_t src) { return packed(ctx_.route(static_cast<int>(src))) ? L : le; };
   // Targets: tag(call) while awaited, kSignalIgnored (left out of the wait) when not awaited or already seen.
   if (s.want.empty()) {
     s.want.assign((L + 1) * P, kSignalIgnored);

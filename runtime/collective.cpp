@@ -36,6 +36,7 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
     int done = 0;
     UBEP_MPI_CHECK(rank, call, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    if (ucx) ucx->poll();  // a peer may wait for this rank's answer before it joins
     backoff.pause();
     if (timeout.count() > 0 && (backoff.polls() & 63) == 0 && std::chrono::steady_clock::now() - start > timeout) {
       broken = true;  // the request stays pending inside MPI; this context cannot run collectives again

@@ -11,6 +11,10 @@
 #include "base/log.hpp"
 #include "base/mpi_check.hpp"
 #include "runtime/state.hpp"
+#include "ubep/config.hpp"
+#if UBEP_HAVE_UCX
+#include "transports/ucx/ucx_transport.hpp"
+#endif
 #include "topology/discover.hpp"
 
 namespace ubep {
@@ -74,7 +78,7 @@ std::size_t State::prepare_atomic(const char* call, const void* addr, int pe, At
   check_alive(call);
   check_pe(call, pe);
   const std::size_t off = check_word(call, addr);
-  if (family != AtomicFamily::any && atomics != load_store.get()) {
+  if (family != AtomicFamily::any && mpi && atomics == mpi.get()) {
     // MPI makes accumulates atomic with respect to each other only when they use one op (or
     // MPI_NO_OP) on a word: the world window says so (accumulate_ops=same_op_no_op). One kind per
     // target word, checked for this rank's own calls.
@@ -112,6 +116,7 @@ State::~State() { stop_progress_thread(); }
 
 void State::teardown() noexcept {
   stop_progress_thread();
+  ucx.reset();  // local: every rank quiesced before the agreement of finalize()
   if (world_win != MPI_WIN_NULL) {
     MPI_Win_unlock_all(world_win);
     MPI_Win_free(&world_win);
@@ -149,6 +154,7 @@ const char* to_string(Route route) noexcept {
     case Route::self: return "self";
     case Route::shm: return "shm";
     case Route::mpi: return "mpi";
+    case Route::ucx: return "ucx";
   }
   return "?";
 }
@@ -271,14 +277,21 @@ void build(State& s, MPI_Comm user_comm) {
 
   // The route table: the cheapest allowed transport that reaches each peer.
   const bool self_ok = allowed(s.options, "self"), shm_ok = allowed(s.options, "shm"),
-             mpi_ok = allowed(s.options, "mpi");
+             mpi_ok = allowed(s.options, "mpi"), ucx_ok = allowed(s.options, "ucx");
+  if (ucx_ok && !UBEP_HAVE_UCX) {
+    s.fail(Errc::unsupported, call,
+           "UBEP_TRANSPORTS=" + transports + " names ucx, but this build has no UCX (apt-get install libucx-dev)");
+  }
   s.routes.assign(s.size, Route::mpi);
-  bool need_mpi = false;
+  bool need_mpi = false, need_ucx = false;
   for (int pe = 0; pe < s.size; ++pe) {
     if (pe == s.rank && (self_ok || shm_ok)) {
       s.routes[pe] = Route::self;
     } else if (bases[pe] != nullptr && shm_ok) {
       s.routes[pe] = Route::shm;
+    } else if (ucx_ok) {  // named: preferred over mpi (one active message per put_signal)
+      s.routes[pe] = Route::ucx;
+      need_ucx = true;
     } else if (mpi_ok) {
       s.routes[pe] = Route::mpi;
       need_mpi = true;
@@ -288,6 +301,15 @@ void build(State& s, MPI_Comm user_comm) {
                  " and rank " + std::to_string(pe) + " is on another node): add mpi");
     }
   }
+#if UBEP_HAVE_UCX
+  // Every rank must agree on whether UCX is set up (the address exchange is collective).
+  int ucx_any = need_ucx ? 1 : 0;
+  UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(MPI_IN_PLACE, &ucx_any, 1, MPI_INT, MPI_MAX, s.comm));
+  if (ucx_any) {
+    s.ucx = std::make_unique<detail::UcxTransport>(s.comm, s.rank, s.size, s.base, s.options.wait_timeout,
+                                                   s.options.poll, s.options.progress_thread);
+  }
+#endif
   // Every rank must agree on whether the world window exists (its creation is collective).
   int need_any = need_mpi ? 1 : 0;
   UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(MPI_IN_PLACE, &need_any, 1, MPI_INT, MPI_MAX, s.comm));
@@ -315,11 +337,14 @@ void build(State& s, MPI_Comm user_comm) {
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
   s.transport_of.resize(s.size);
   for (int pe = 0; pe < s.size; ++pe) {
-    s.transport_of[pe] = s.routes[pe] == Route::mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
+    s.transport_of[pe] = s.routes[pe] == Route::mpi   ? static_cast<detail::Transport*>(s.mpi.get())
+                         : s.routes[pe] == Route::ucx ? s.ucx.get()
+                                                      : s.load_store.get();
   }
   // CPU atomics and MPI accumulates are not atomic with respect to each other, so atomics and signals
-  // take one path for every peer: load/store when every peer is mapped, MPI otherwise.
-  s.atomics = need_mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
+  // take one path for every peer: load/store when every peer is mapped, UCX when it reaches some peer
+  // (its target applies them with CPU atomics), MPI otherwise.
+  s.atomics = need_ucx ? s.ucx.get() : need_mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
   s.heap = detail::HeapAllocator(0, s.heap_size);
 
   s.topology = detail::gather_topology(s.comm, s.options, vnodes);
@@ -336,6 +361,7 @@ void build(State& s, MPI_Comm user_comm) {
       while (!s.progress_stop.load(std::memory_order_relaxed)) {
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s.progress_comm, &flag, MPI_STATUS_IGNORE);
+        if (s.ucx) s.ucx->poll();  // messages aimed at this rank land while it computes (thread-safe)
         std::this_thread::sleep_for(interval);
       }
     });
@@ -403,7 +429,7 @@ Route Context::route(int pe) const {
   state_->check_pe("route", pe);
   return state_->routes[pe];
 }
-bool Context::atomics_through_mpi() const { return state_->atomics != state_->load_store.get(); }
+bool Context::atomics_through_mpi() const { return state_->mpi && state_->atomics == state_->mpi.get(); }
 int Context::node() const { return state_->node_id; }
 std::span<const int> Context::node_ranks() const { return state_->node_ranks; }
 const Topology& Context::topology() const { return state_->topology; }
@@ -425,9 +451,11 @@ RuntimeInfo Context::info() const {
   out.node_window_model = memory_model(s.node_win);
   out.world_window_model = memory_model(s.world_win);
   out.routes = s.routes;
-  for (Route r : {Route::self, Route::shm, Route::mpi}) {
+  if (s.ucx) out.ucx = s.ucx->describe();
+  for (Route r : {Route::self, Route::shm, Route::ucx, Route::mpi}) {
     const bool used = std::find(s.routes.begin(), s.routes.end(), r) != s.routes.end() ||
-                      (r == Route::mpi && s.mpi && s.atomics == s.mpi.get());
+                      (r == Route::mpi && s.mpi && s.atomics == s.mpi.get()) ||
+                      (r == Route::ucx && s.ucx && s.atomics == s.ucx.get());
     if (used) out.transports.emplace_back(to_string(r));
   }
   return out;
@@ -538,6 +566,7 @@ void Context::fence() {
   // after the fence (a put that overwrites their data) can overtake them.
   s.flush_pending_signals();
   s.load_store->fence();
+  if (s.ucx) s.ucx->fence();
   if (s.mpi) s.mpi->fence();
 }
 
@@ -552,6 +581,7 @@ void Context::flush(int pe) {
   s.check_pe("flush", pe);
   s.flush_pending_signals();
   s.load_store->flush_all();
+  if (s.ucx) s.ucx->flush(pe);
   if (s.mpi) s.mpi->flush(pe);
 }
 

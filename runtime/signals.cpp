@@ -46,12 +46,14 @@ void State::issue_pending_signals() {
 
 void State::progress() {
   flush_pending_signals();
+  if (ucx) ucx->poll();
   if (mpi) mpi->progress(comm);
 }
 
 void State::quiet() {
   flush_pending_signals();
   load_store->flush_all();
+  if (ucx) ucx->flush_all();
   if (mpi) mpi->flush_all();
 }
 
@@ -167,6 +169,7 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
       if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
       return out;
     }
+    if (s.ucx) s.ucx->poll();  // the peers' messages land only while this rank progresses its worker
     if (backoff.pause() && s.mpi) s.mpi->progress(s.comm);
     if (timeout > 0 && (backoff.polls() & 15) == 0) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -189,6 +192,7 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
   const std::size_t off = bytes ? s.check_range("put_signal", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal", sig);
   detail::Transport& data = s.data_route(pe);
+  if (&data == s.atomics && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe)) return;
   if (bytes) data.put_nbi(off, src, bytes, pe);
   if (&data != s.atomics) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
   s.flush_pending_signals();  // keep signals to one word in program order
@@ -204,7 +208,7 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
   const std::size_t off = bytes ? s.check_range("put_signal_nbi", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal_nbi", sig);
   if (bytes) s.data_route(pe).put_nbi(off, src, bytes, pe);
-  if (s.atomics == s.load_store.get()) {
+  if (s.atomics != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
     s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
   } else {
     s.pending_signals.push_back({soff, value, op, pe});
@@ -216,7 +220,7 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_alive("signal_op");
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
-  if (s.atomics == s.load_store.get()) {
+  if (s.atomics != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
     s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
   } else {
     s.pending_signals.push_back({soff, value, op, pe});

@@ -58,8 +58,9 @@ class State {
   std::vector<Transport*> transport_of;  // per peer, for data
   std::unique_ptr<LoadStoreTransport> load_store;
   std::unique_ptr<MpiRmaTransport> mpi;
-  Transport* atomics = nullptr;  // one transport for every atomic, so that they stay atomic together
-  bool uses_mpi = false;         // some operation goes through MPI: waits must progress it
+  std::unique_ptr<Transport> ucx;  // transports/ucx/ (UCX builds, UBEP_TRANSPORTS with ucx)
+  Transport* atomics = nullptr;    // one transport for every atomic, so that they stay atomic together
+  bool uses_mpi = false;           // some operation goes through MPI: waits must progress it
 
   // ---- deferred signals of put_signal_nbi / signal_op on the mpi route ----
   struct PendingSignal {

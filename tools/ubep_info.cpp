@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
                   {"world_window_model", info.world_window_model}};
       j["ranks"] = n;
       j["nodes"] = ctx.topology().num_nodes();
-      j["atomics"] = ctx.atomics_through_mpi() ? "mpi" : "load/store";
+      j["atomics"] = ctx.atomics_through_mpi() ? "mpi" : info.ucx.empty() ? "load/store" : "ucx";
       j["transports"] = info.transports;  // rank 0's
+      if (!info.ucx.empty()) j["ucx"] = info.ucx;
       j["options"] = ctx.options().describe();
       j["routes"] = nlohmann::json::array();
       for (int r = 0; r < n; ++r) {
@@ -84,10 +85,14 @@ int main(int argc, char** argv) {
                   << "\n"
                   << "# ranks / nodes:  " << n << " / " << ctx.topology().num_nodes() << "\n"
                   << "# atomics:        "
-                  << (ctx.atomics_through_mpi() ? "mpi (some peer is off-node or forced)" : "load/store") << "\n"
+                  << (ctx.atomics_through_mpi() ? "mpi (some peer is off-node or forced)"
+                      : info.ucx.empty()        ? "load/store"
+                                                : "ucx (the target applies them with CPU atomics)")
+                  << "\n"
                   << "# transports:    ";
         for (const auto& t : info.transports) std::cout << " " << t;
         std::cout << " (rank 0)\n";
+        if (!info.ucx.empty()) std::cout << "# ucx:            " << info.ucx << "\n";
         for (const auto& line : ctx.options().describe()) std::cout << "# " << line << "\n";
         std::cout << "# route table (row = origin rank, column = target rank)\n      ";
         for (int pe = 0; pe < n; ++pe) std::cout << " " << std::setw(4) << pe;

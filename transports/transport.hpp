@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ubep::detail {
 
@@ -44,6 +45,13 @@ class Transport {
   virtual void post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
     post_atomic(op, offset, operand, pe);
   }
+  /// Data, then a signal update, as one operation where the transport can (one message): returns false
+  /// when it cannot, and the caller then uses put_nbi + post_signal. Local completion on return; the
+  /// signal lands after the data, remote completion at flush.
+  virtual bool put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op,
+                               std::size_t sig_offset, std::uint64_t value, int pe) {
+    return false;
+  }
   /// Orders operations to each peer: those issued before are delivered before those issued after.
   /// Completes nothing.
   virtual void fence() = 0;
@@ -52,6 +60,11 @@ class Transport {
   virtual void flush_all() = 0;
   /// True when some operation may still be in flight (flush_all would do work).
   virtual bool outstanding() const noexcept = 0;
+  /// Lets the transport make progress (run arrived messages, answer peers); the runtime calls it from
+  /// every wait, poll and collective. A no-op for transports that need no help from this rank's CPU.
+  virtual void poll() {}
+  /// The transport and its settings in one line, for ubep-info.
+  virtual std::string describe() const { return name(); }
 };
 
 }  // namespace ubep::detail

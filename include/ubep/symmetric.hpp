@@ -24,6 +24,7 @@ enum class Route : std::uint8_t {
   self,  ///< the rank itself: memcpy
   shm,   ///< a rank on the same node: direct load/store into its mapped heap
   mpi,   ///< MPI passive-target RMA on the world window
+  ucx,   ///< UCX active messages to the peer's worker (UBEP_TRANSPORTS with ucx, builds with UCX)
 };
 const char* to_string(Route route) noexcept;
 

@@ -1,0 +1,555 @@
+#include "transports/ucx/ucx_transport.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "base/log.hpp"
+#include "base/mpi_check.hpp"
+#include "base/poll.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::detail {
+namespace {
+
+constexpr unsigned kAmId = 7;
+
+// put_signal: the data of put_data, then atomic_post's update of the word at Msg::compare (its offset).
+enum Kind : std::uint8_t {
+  put_data,
+  put_signal,
+  atomic_post,
+  get_req,
+  get_reply,
+  fetch_req,
+  fetch_reply,
+  flush_req,
+  flush_reply
+};
+
+std::atomic_ref<std::uint64_t> word(char* base, std::size_t offset) {
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base + offset));
+}
+
+/// Applies an atomic to a local word with a CPU atomic; returns the old value.
+std::uint64_t apply_atomic(std::atomic_ref<std::uint64_t> w, AtomicOp op, std::uint64_t operand,
+                           std::uint64_t compare) {
+  switch (op) {
+    case AtomicOp::fetch_add:
+    case AtomicOp::add: return w.fetch_add(operand, std::memory_order_acq_rel);
+    case AtomicOp::swap:
+    case AtomicOp::set: return w.exchange(operand, std::memory_order_acq_rel);
+    case AtomicOp::compare_swap: {
+      std::uint64_t expected = compare;
+      w.compare_exchange_strong(expected, operand, std::memory_order_acq_rel, std::memory_order_acquire);
+      return expected;
+    }
+    case AtomicOp::fetch: return w.load(std::memory_order_acquire);
+  }
+  return 0;
+}
+
+ucs_status_t am_handler(void* arg, const void* header, std::size_t header_length, void* data, std::size_t length,
+                        const ucp_am_recv_param_t* param) {
+  UcxTransport::Msg m;
+  if (header_length != sizeof m) return UCS_ERR_INVALID_PARAM;
+  std::memcpy(&m, header, sizeof m);
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  return static_cast<UcxTransport*>(arg)->on_message(m, data, length, rndv);
+}
+
+void ep_error(void*, ucp_ep_h, ucs_status_t) {}  // a peer that closed first: nothing is owed any more
+
+ucs_status_t request_status(void* req) { return req ? ucp_request_check_status(req) : UCS_OK; }
+
+}  // namespace
+
+UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::chrono::duration<double> timeout,
+                           const PollPolicy& poll, bool threaded)
+    : rank_(rank), nranks_(nranks), threaded_(threaded), base_(base), timeout_(timeout), poll_(poll) {
+  const char* call = "Context (ucx)";
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) fail("ucp_config_read", st);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM;
+  const ucs_status_t st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) fail("ucp_init", st);
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = threaded ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
+  if (ucs_status_t s = ucp_worker_create(context_, &wparams, &worker_); s != UCS_OK) fail("ucp_worker_create", s);
+
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                  UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  hp.id = kAmId;
+  hp.cb = am_handler;
+  hp.arg = this;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &hp); s != UCS_OK)
+    fail("ucp_worker_set_am_recv_handler", s);
+
+  // Worker addresses, exchanged once over MPI.
+  ucp_address_t* addr = nullptr;
+  std::size_t addr_len = 0;
+  if (ucs_status_t s = ucp_worker_get_address(worker_, &addr, &addr_len); s != UCS_OK)
+    fail("ucp_worker_get_address", s);
+  int my_len = static_cast<int>(addr_len);
+  std::vector<int> lens(nranks), displs(nranks);
+  UBEP_MPI_CHECK(rank_, call, MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  int total = 0;
+  for (int i = 0; i < nranks; ++i) {
+    displs[i] = total;
+    total += lens[i];
+  }
+  std::vector<char> all(static_cast<std::size_t>(total));
+  UBEP_MPI_CHECK(rank_, call,
+                 MPI_Allgatherv(addr, my_len, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, comm));
+  ucp_worker_release_address(worker_, addr);
+
+  eps_.assign(nranks, nullptr);
+  for (int pe = 0; pe < nranks; ++pe) {
+    ucp_ep_params_t ep{};
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(all.data() + displs[pe]);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = ep_error;
+    ep.err_handler.arg = nullptr;
+    if (ucs_status_t s = ucp_ep_create(worker_, &ep, &eps_[pe]); s != UCS_OK) fail("ucp_ep_create", s);
+  }
+  backlog_.resize(nranks);
+  gets_in_flight_.assign(nranks, 0);
+  dirty_.assign(nranks, 0);
+  // Wire-up: one answered request to every peer, so that every endpoint is connected before use (and
+  // each rank answers the others' requests while it waits for its own answers).
+  for (int pe = 0; pe < nranks; ++pe) mark(pe);
+  flush_all();
+}
+
+UcxTransport::~UcxTransport() {
+  for (Send& s : sends_) {
+    if (s.req) ucp_request_cancel(worker_, s.req);
+  }
+  for (ucp_ep_h ep : eps_) {
+    if (!ep) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+      for (int i = 0; i < 1000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
+      ucp_request_free(req);
+    }
+  }
+  for (Send& s : sends_) {
+    if (s.req) ucp_request_free(s.req);
+  }
+  if (worker_) ucp_worker_destroy(worker_);
+  if (context_) ucp_cleanup(context_);
+}
+
+void UcxTransport::fail(const char* what, ucs_status_t status) const {
+  throw Error(Errc::internal, message_prefix(rank_, "ucx") + what + " failed: " + ucs_status_string(status));
+}
+
+UcxTransport::Msg UcxTransport::header(std::uint8_t kind) const {
+  Msg m{};
+  m.src = static_cast<std::uint32_t>(rank_);
+  m.kind = kind;
+  return m;
+}
+
+void UcxTransport::mark(int pe) {
+  if (!dirty_[pe]) {
+    dirty_[pe] = 1;
+    dirty_list_.push_back(pe);
+  }
+}
+
+void UcxTransport::send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what) {
+  sends_.push_back(Send{hdr, nullptr, pe});
+  Send& s = sends_.back();
+  ucp_request_param_t p{};
+  void* req = ucp_am_send_nbx(eps_[pe], kAmId, &s.hdr, sizeof s.hdr, buf, bytes, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    sends_.pop_back();
+    throw Error(Errc::internal, message_prefix(rank_, what) + "ucp_am_send_nbx to rank " + std::to_string(pe) +
+                                    " failed: " + ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+  if (!req) {
+    sends_.pop_back();
+    return;
+  }
+  s.req = req;
+  if (!wait_local) return;
+  // This entry is the waiter's: reap_sends() (inside progress) leaves it alone.
+  s.held = true;
+  wait(what, pe, [&s] { return ucp_request_check_status(s.req) != UCS_INPROGRESS; });
+  const ucs_status_t st = ucp_request_check_status(s.req);
+  ucp_request_free(s.req);
+  for (auto it = sends_.begin(); it != sends_.end(); ++it) {
+    if (&*it == &s) {
+      sends_.erase(it);
+      break;
+    }
+  }
+  if (st != UCS_OK) {
+    throw Error(Errc::internal, message_prefix(rank_, what) + "a message to rank " + std::to_string(pe) +
+                                    " failed: " + ucs_status_string(st));
+  }
+}
+
+void UcxTransport::reap_sends() {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (it->held) {
+      ++it;
+      continue;
+    }
+    const ucs_status_t st = request_status(it->req);
+    if (st == UCS_INPROGRESS) {
+      ++it;
+      continue;
+    }
+    if (it->req) ucp_request_free(it->req);
+    if (st != UCS_OK) {
+      const int pe = it->pe;
+      sends_.erase(it);
+      throw Error(Errc::internal, message_prefix(rank_, "ucx") + "a message to rank " + std::to_string(pe) +
+                                      " failed: " + ucs_status_string(st));
+    }
+    it = sends_.erase(it);
+  }
+}
+
+void UcxTransport::wait(const char* what, int pe, const std::function<bool()>& done) {
+  const auto start = std::chrono::steady_clock::now();
+  Backoff backoff(poll_);
+  for (;;) {
+    progress();
+    if (done()) return;
+    backoff.pause();
+    if (timeout_.count() > 0 && (backoff.polls() & 15) == 0) {
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+      if (waited > timeout_) {
+        throw Error(Errc::timeout, message_prefix(rank_, what) + "no answer from rank " + std::to_string(pe) +
+                                       " over ucx within " + std::to_string(waited.count()) +
+                                       " s (UBEP_WAIT_TIMEOUT); rank " + std::to_string(pe) +
+                                       " must call into ubep (a wait, a test, progress()) for messages to land");
+      }
+    }
+  }
+}
+
+void UcxTransport::put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
+  const auto lock = guard();
+  Msg m = header(put_data);
+  m.offset = offset;
+  m.bytes = bytes;
+  mark(pe);
+  send(pe, m, src, bytes, true, "put");
+}
+
+void UcxTransport::put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) {
+  const auto lock = guard();
+  Msg m = header(put_data);
+  m.offset = offset;
+  m.bytes = bytes;
+  mark(pe);
+  send(pe, m, src, bytes, false, "put_nbi");
+}
+
+std::uint64_t UcxTransport::expect(void* dst, std::size_t bytes, int pe) {
+  const std::uint64_t token = next_token_++;
+  Pending& p = pending_[token];
+  p.dst = dst;
+  p.bytes = bytes;
+  p.pe = pe;
+  return token;
+}
+
+void UcxTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe) {
+  const auto lock = guard();
+  get_nbi(dst, offset, bytes, pe);
+  const std::uint64_t token = next_token_ - 1;
+  pending_.at(token).keep = true;  // erased here, not by the answer
+  wait("get", pe, [&] { return pending_.at(token).done; });
+  pending_.erase(token);
+}
+
+void UcxTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) {
+  const auto lock = guard();
+  Msg m = header(get_req);
+  m.offset = offset;
+  m.bytes = bytes;
+  m.token = expect(dst, bytes, pe);
+  ++gets_in_flight_[pe];
+  mark(pe);
+  send(pe, m, nullptr, 0, false, "get_nbi");
+}
+
+std::uint64_t UcxTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
+                                         int pe) {
+  const auto lock = guard();
+  Msg m = header(fetch_req);
+  m.op = static_cast<std::uint8_t>(op);
+  m.offset = offset;
+  m.value = operand;
+  m.compare = compare;
+  m.token = expect(nullptr, 0, pe);
+  mark(pe);
+  send(pe, m, nullptr, 0, false, "atomic");
+  const std::uint64_t token = m.token;
+  wait("atomic", pe, [&] { return pending_.at(token).done; });
+  const std::uint64_t value = pending_.at(token).value;
+  pending_.erase(token);
+  return value;
+}
+
+void UcxTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
+  const auto lock = guard();
+  Msg m = header(atomic_post);
+  m.op = static_cast<std::uint8_t>(op);
+  m.offset = offset;
+  m.value = operand;
+  mark(pe);
+  send(pe, m, nullptr, 0, false, "atomic");
+}
+
+void UcxTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
+  const auto lock = guard();
+  post_atomic(op, offset, operand, pe);
+  reap_sends();
+  if (std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; })) return;
+  wait("put_signal", pe, [&] {
+    reap_sends();
+    return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
+  });
+}
+
+bool UcxTransport::put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op,
+                                   std::size_t sig_offset, std::uint64_t value, int pe) {
+  const auto lock = guard();
+  Msg m = header(put_signal);
+  m.offset = offset;
+  m.bytes = bytes;
+  m.op = static_cast<std::uint8_t>(op);
+  m.compare = sig_offset;
+  m.value = value;
+  mark(pe);
+  send(pe, m, src, bytes, true, "put_signal");
+  return true;
+}
+
+void UcxTransport::flush(int pe) {
+  const auto lock = guard();
+  if (!dirty_[pe]) return;
+  Msg m = header(flush_req);
+  m.token = expect(nullptr, 0, pe);
+  send(pe, m, nullptr, 0, false, "flush");
+  const std::uint64_t token = m.token;
+  wait("flush", pe, [&] {
+    if (!pending_.at(token).done || gets_in_flight_[pe] != 0) return false;
+    reap_sends();
+    return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
+  });
+  pending_.erase(token);
+  dirty_[pe] = 0;
+  dirty_list_.erase(std::remove(dirty_list_.begin(), dirty_list_.end(), pe), dirty_list_.end());
+}
+
+void UcxTransport::flush_all() {
+  const auto lock = guard();
+  // All requests first, then all answers: one round trip for every peer together.
+  std::vector<std::pair<int, std::uint64_t>> tokens;
+  for (int pe : dirty_list_) {
+    Msg m = header(flush_req);
+    m.token = expect(nullptr, 0, pe);
+    send(pe, m, nullptr, 0, false, "quiet");
+    tokens.emplace_back(pe, m.token);
+  }
+  for (auto [pe, token] : tokens) {
+    wait("quiet", pe, [&, pe = pe, token = token] {
+      if (!pending_.at(token).done || gets_in_flight_[pe] != 0) return false;
+      reap_sends();
+      return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
+    });
+    pending_.erase(token);
+    dirty_[pe] = 0;
+  }
+  dirty_list_.clear();
+}
+
+// ---- target side ----------------------------------------------------------------------------------
+
+ucs_status_t UcxTransport::on_message(const Msg& m, void* data, std::size_t length, bool rndv) {
+  const int src = static_cast<int>(m.src);
+  if (m.kind == get_reply || m.kind == fetch_reply || m.kind == flush_reply) {
+    // Answers to this rank: not part of any source's ordered stream of writes.
+    auto it = pending_.find(m.token);
+    if (it == pending_.end()) return UCS_OK;
+    Pending& p = it->second;
+    if (m.kind == fetch_reply) p.value = m.value;
+    if (m.kind == get_reply) {
+      if (rndv) {
+        p.desc = data;  // received into p.dst after the handlers ran
+        get_rndv_tokens_.push_back(m.token);
+        return UCS_INPROGRESS;
+      }
+      std::memcpy(p.dst, data, std::min(length, p.bytes));
+      --gets_in_flight_[p.pe];
+      if (!p.keep) {
+        pending_.erase(it);  // get_nbi: nobody looks at this entry again
+        return UCS_OK;
+      }
+    }
+    p.done = true;
+    return UCS_OK;
+  }
+  std::deque<Incoming>& q = backlog_[src];
+  if (!rndv && q.empty()) {
+    apply(m, data, length);
+    return UCS_OK;
+  }
+  if (q.empty()) backlogged_.push_back(src);
+  Incoming in;
+  in.m = m;
+  in.rndv = rndv;
+  if (rndv) {
+    in.desc = data;
+  } else {
+    const auto* b = static_cast<const std::byte*>(data);
+    in.data.assign(b, b + length);
+  }
+  q.push_back(std::move(in));
+  return rndv ? UCS_INPROGRESS : UCS_OK;
+}
+
+void UcxTransport::apply(const Msg& m, const void* data, std::size_t length) {
+  const int src = static_cast<int>(m.src);
+  switch (m.kind) {
+    case put_data:
+      if (length) std::memcpy(base_ + m.offset, data, length);
+      break;
+    case put_signal:
+      if (length) std::memcpy(base_ + m.offset, data, length);
+      apply_atomic(word(base_, m.compare), static_cast<AtomicOp>(m.op), m.value, 0);  // release: after the data
+      break;
+    case atomic_post: apply_atomic(word(base_, m.offset), static_cast<AtomicOp>(m.op), m.value, 0); break;
+    case get_req: {
+      Msg r = header(get_reply);
+      r.token = m.token;
+      answer(src, r, base_ + m.offset, m.bytes);
+      break;
+    }
+    case fetch_req: {
+      Msg r = header(fetch_reply);
+      r.token = m.token;
+      r.value = apply_atomic(word(base_, m.offset), static_cast<AtomicOp>(m.op), m.value, m.compare);
+      answer(src, r, nullptr, 0);
+      break;
+    }
+    case flush_req: {
+      Msg r = header(flush_reply);
+      r.token = m.token;
+      answer(src, r, nullptr, 0);
+      break;
+    }
+    default: break;
+  }
+}
+
+void UcxTransport::answer(int to, Msg reply, const void* buf, std::size_t bytes) {
+  owed_.push_back(Answer{to, reply, buf, bytes});  // sent after the handlers ran, not from inside one
+}
+
+void UcxTransport::drain() {
+  // Rendezvous receives of get replies, straight into the caller's buffer.
+  for (std::uint64_t token : get_rndv_tokens_) {
+    Pending& p = pending_.at(token);
+    ucp_request_param_t rp{};
+    void* req = ucp_am_recv_data_nbx(worker_, p.desc, p.dst, p.bytes, &rp);
+    if (UCS_PTR_IS_ERR(req)) fail("ucp_am_recv_data_nbx (get reply)", UCS_PTR_STATUS(req));
+    p.desc = nullptr;
+    p.req = req;
+  }
+  get_rndv_tokens_.clear();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    Pending& p = it->second;
+    if (p.req && ucp_request_check_status(p.req) != UCS_INPROGRESS) {
+      ucp_request_free(p.req);
+      p.req = nullptr;
+      --gets_in_flight_[p.pe];
+      p.done = true;
+      if (!p.keep) {
+        it = pending_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  // Each source's backlog, in order: a rendezvous at the head holds back everything behind it.
+  for (std::size_t i = 0; i < backlogged_.size();) {
+    std::deque<Incoming>& q = backlog_[backlogged_[i]];
+    while (!q.empty()) {
+      Incoming& in = q.front();
+      if (in.rndv) {
+        if (in.desc) {
+          ucp_request_param_t rp{};
+          void* req = ucp_am_recv_data_nbx(worker_, in.desc, base_ + in.m.offset, in.m.bytes, &rp);
+          if (UCS_PTR_IS_ERR(req)) fail("ucp_am_recv_data_nbx (put)", UCS_PTR_STATUS(req));
+          in.desc = nullptr;
+          in.req = req;
+        }
+        if (in.req) {
+          if (ucp_request_check_status(in.req) == UCS_INPROGRESS) break;
+          ucp_request_free(in.req);
+          in.req = nullptr;
+        }
+        if (in.m.kind == put_signal) {  // the data is in: now the signal
+          apply_atomic(word(base_, in.m.compare), static_cast<AtomicOp>(in.m.op), in.m.value, 0);
+        }
+      } else {
+        apply(in.m, in.data.data(), in.data.size());
+      }
+      q.pop_front();
+    }
+    if (q.empty()) {
+      backlogged_[i] = backlogged_.back();
+      backlogged_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  // The answers owed, in the order they were earned.
+  std::vector<Answer> owed;
+  owed.swap(owed_);
+  for (const Answer& a : owed) send(a.to, a.m, a.buf, a.bytes, false, "ucx answer");
+}
+
+void UcxTransport::progress() {
+  const auto lock = guard();
+  if (in_progress_) return;  // a send inside drain() must not re-enter the handlers
+  in_progress_ = true;
+  try {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    drain();
+    reap_sends();
+  } catch (...) {
+    in_progress_ = false;
+    throw;
+  }
+  in_progress_ = false;
+}
+
+std::string UcxTransport::describe() const {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  return "UCX " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release) +
+         ", mode am (active messages)";
+}
+
+}  // namespace ubep::detail

@@ -1,0 +1,163 @@
+// ucx: UCP active messages to every peer (the "am" mode of docs/ARCHITECTURE.md's UCX transport).
+//
+// Every operation is one active message {kind, offsets, value} + payload on the endpoint to the peer;
+// the target's handler (run inside its ucp_worker_progress) writes the data into its heap and applies
+// signals and atomics with CPU atomics (release), so they are atomic with respect to load/store atomics
+// on the same words. get and fetching atomics are request/reply.
+//
+// Ordering. Active messages on one endpoint reach the target's handler in the order they were sent.
+// A message too large for eager delivery arrives as a rendezvous descriptor whose data lands later, so
+// the target keeps a backlog per source: while a rendezvous from that source is unfinished, later
+// messages from it wait behind it. Hence everything to one peer is one ordered stream and fence() is
+// free. flush(pe) sends a counted request that the target answers only when every earlier message from
+// this rank has been applied (ucp_ep_flush over tcp would not prove that), and waits for that answer,
+// for the local completion of every send, and for every get reply from pe.
+//
+// Progress. The target must progress its worker for messages to land: the runtime calls progress() in
+// every wait, poll and collective. Every wait here polls with the back-off and the deadline given at
+// construction (UBEP_WAIT_TIMEOUT) and throws Errc::timeout naming the peer.
+#pragma once
+
+#include <mpi.h>
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transports/transport.hpp"
+#include "ubep/options.hpp"
+
+namespace ubep::detail {
+
+class UcxTransport final : public Transport {
+ public:
+  /// Collective over `comm`: a UCP context and worker, worker addresses exchanged, an endpoint to every
+  /// rank (itself included), and one request/answer with every peer so that all endpoints are wired up.
+  /// `threaded`: a progress thread calls poll() beside the caller's thread; every entry point then takes
+  /// one lock (the worker runs in UCS_THREAD_MODE_SERIALIZED).
+  UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::chrono::duration<double> timeout,
+               const PollPolicy& poll, bool threaded);
+  /// Local: closes the endpoints (force), destroys the worker and the context. Never communicates.
+  ~UcxTransport() override;
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  const char* name() const noexcept override { return "ucx"; }
+  void put(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
+  void put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
+  void get(void* dst, std::size_t offset, std::size_t bytes, int pe) override;
+  void get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) override;
+  std::uint64_t fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
+                             int pe) override;
+  void post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) override;
+  /// post_atomic, then local completion of every send to pe: put_signal returns with its source
+  /// reusable (its data went out by put_nbi just before).
+  void post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) override;
+  /// One active message: the handler writes the data, then applies the signal (a rendezvous applies
+  /// it when the data is in). Waits for the local completion of this message only.
+  bool put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op, std::size_t sig_offset,
+                       std::uint64_t value, int pe) override;
+  void fence() override {}
+  void flush(int pe) override;
+  void flush_all() override;
+  bool outstanding() const noexcept override { return !dirty_list_.empty(); }
+  /// Progresses the worker: runs the handlers of arrived messages, continues rendezvous receives, and
+  /// sends the answers they owe. Cheap when nothing arrived.
+  void progress();
+  void poll() override { progress(); }
+  /// "UCX 1.13.1, mode am (active messages)", for ubep-info.
+  std::string describe() const override;
+
+  /// The wire header of every message (public for the handler; not an interface).
+  struct Msg {
+    std::uint32_t src;
+    std::uint8_t kind;
+    std::uint8_t op;
+    std::uint16_t pad;
+    std::uint64_t offset;
+    std::uint64_t value;
+    std::uint64_t compare;
+    std::uint64_t token;
+    std::uint64_t bytes;
+  };
+  /// Called by UCX for every arrived message.
+  ucs_status_t on_message(const Msg& m, void* data, std::size_t length, bool rndv);
+
+ private:
+  struct Send {  // a send in flight: its header must live until UCX completes it
+    Msg hdr;
+    void* req;
+    int pe;
+    bool held = false;  // a blocking call waits for it and erases it
+  };
+  struct Incoming {  // a message from one source that waits behind an unfinished rendezvous
+    Msg m;
+    std::vector<std::byte> data;  // eager payload, copied
+    void* desc = nullptr;         // rendezvous descriptor (not yet received)
+    void* req = nullptr;          // the rendezvous receive in progress
+    bool rndv = false;
+  };
+  struct Pending {  // what this rank waits for: a get, a fetching atomic, a flush answer
+    void* dst = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t value = 0;
+    void* req = nullptr;  // rendezvous receive of a get reply
+    void* desc = nullptr;
+    int pe = 0;
+    bool done = false;
+    bool keep = false;  // the waiter erases it (blocking get, atomics, flushes); else erased when done
+  };
+
+  void send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what);
+  Msg header(std::uint8_t kind) const;
+  void apply(const Msg& m, const void* data, std::size_t length);
+  void answer(int to, Msg reply, const void* buf, std::size_t bytes);
+  void drain();
+  void reap_sends();
+  std::uint64_t expect(void* dst, std::size_t bytes, int pe);
+  void wait(const char* what, int pe, const std::function<bool()>& done);
+  void mark(int pe);
+  [[noreturn]] void fail(const char* what, ucs_status_t status) const;
+
+  /// Holds the lock of a threaded transport for one entry point (recursive: waits progress inside).
+  std::unique_lock<std::recursive_mutex> guard() {
+    return threaded_ ? std::unique_lock<std::recursive_mutex>(mu_) : std::unique_lock<std::recursive_mutex>();
+  }
+
+  int rank_, nranks_;
+  bool threaded_;
+  std::recursive_mutex mu_;
+  char* base_;
+  std::chrono::duration<double> timeout_;
+  const PollPolicy& poll_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> eps_;
+  std::list<Send> sends_;
+  std::vector<std::deque<Incoming>> backlog_;  // per source
+  std::vector<int> backlogged_;                // sources with a non-empty backlog
+  struct Answer {
+    int to;
+    Msg m;
+    const void* buf;
+    std::size_t bytes;
+  };
+  std::vector<Answer> owed_;
+  std::unordered_map<std::uint64_t, Pending> pending_;  // by token
+  std::vector<int> gets_in_flight_;                     // per pe
+  std::uint64_t next_token_ = 1;
+  std::vector<std::uint8_t> dirty_;
+  std::vector<int> dirty_list_;
+  std::vector<std::uint64_t> get_rndv_tokens_;  // get answers arrived by rendezvous, to receive
+  bool in_progress_ = false;
+};
+
+}  // namespace ubep::detail
