@@ -39,7 +39,9 @@ endfunction()
 
 # ubep_add_mpi_test(<name> SOURCES ... [NP 2 3 4] [ROUTES default mpi] [TIMEOUT s] [LABELS ...]
 #                   [ENV VAR=value ...] [SUFFIX .tag])
-# Registers <name>.np<N> for the default route and <name>.np<N>.<route> for each forced route.
+# Registers <name>.np<N> for the default route and <name>.np<N>.<route> for each forced route (route
+# names are UBEP_TRANSPORTS values; ucx_thread = ucx with UBEP_PROGRESS_THREAD=1). The default ROUTES
+# are default, mpi, and ucx in builds with UCX.
 function(ubep_add_mpi_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT;SUFFIX" "SOURCES;NP;ROUTES;LABELS;ENV" ${ARGN})
   if(NOT ARG_NP)
@@ -47,6 +49,9 @@ function(ubep_add_mpi_test name)
   endif()
   if(NOT ARG_ROUTES)
     set(ARG_ROUTES default mpi)
+    if(UBEP_HAVE_UCX)
+      list(APPEND ARG_ROUTES ucx)
+    endif()
   endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 180)
@@ -60,7 +65,10 @@ function(ubep_add_mpi_test name)
     foreach(route IN LISTS ARG_ROUTES)
       set(test_name ${name}.np${np}${ARG_SUFFIX})
       set(env ${UBEP_TEST_ENV} ${ARG_ENV})
-      if(NOT route STREQUAL "default")
+      if(route STREQUAL "ucx_thread")  # every operation over UCX, a progress thread driving the worker
+        set(test_name ${test_name}.${route})
+        list(APPEND env UBEP_TRANSPORTS=ucx UBEP_PROGRESS_THREAD=1)
+      elseif(NOT route STREQUAL "default")
         set(test_name ${test_name}.${route})
         list(APPEND env UBEP_TRANSPORTS=${route})
       endif()

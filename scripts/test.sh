@@ -46,13 +46,13 @@ if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
   export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   asan=abort_on_error=1:fast_unwind_on_malloc=0
-  # Leak checking everywhere except where ranks talk through MPI RMA (forced mpi route, emulated
-  # nodes): there osc ucx runs UCX's async thread, and
+  # Leak checking everywhere except where ranks talk through MPI RMA or UCX (forced mpi and ucx
+  # routes, emulated nodes): there UCX runs its async thread, and
   # LeakSanitizer's own tracer then segfaults at exit in about 1 run in 4 (no leak is reported; LSan
   # itself dies). Those tests still run under ASan and UBSan, without the exit-time leak scan.
   ASAN_OPTIONS=detect_leaks=1:$asan \
-    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L "unit|mpi" -LE "multinode|install" -E '\.(mpi|vnodes)$' --timeout 900
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L "unit|mpi" -LE "multinode|install" -E '\.(mpi|vnodes|ucx|vnodes_ucx|ucx_thread)$' --timeout 900
   ASAN_OPTIONS=detect_leaks=0:$asan \
-    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L mpi -LE multinode -R '\.(mpi|vnodes)$' --timeout 900
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L mpi -LE multinode -R '\.(mpi|vnodes|ucx|vnodes_ucx|ucx_thread)$' --timeout 900
 fi
 echo "== all tests passed"

@@ -21,7 +21,12 @@
 ///  - self/shm vs mpi: the route of pe (route(pe)). On self/shm a put or get is a memcpy into the mapped
 ///    heap, on mpi it is MPI RMA on the world window. Atomics and signals take one path for every peer:
 ///    "load/store atomics" (CPU atomics) when atomics_through_mpi() is false, "through MPI" otherwise,
-///    for self and shm peers too.
+///    for self and shm peers too. The ucx route (opt-in, README "The ucx route") behaves as the notes
+///    say for mpi, except: its atomics and signals are CPU atomics applied by the target (atomic with
+///    load/store atomics, every kind with every other; atomics_through_mpi() is false), signals are
+///    never deferred, fence() costs nothing, and put_signal is one message whose data and signal are
+///    both in flight on return (remote completion at quiet()/flush(pe)). Messages reach a target only
+///    while it runs ubep code or its progress thread.
 ///  - Deferred signals: through MPI, put_signal_nbi and signal_op only record their signal. This rank's
 ///    next quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic "delivers" them: one
 ///    MPI_Win_flush per peer with data in flight, then every recorded signal (alloc, free, barrier and
@@ -88,6 +93,9 @@ struct RuntimeInfo {
   /// The transports this rank uses, cheapest first: names of the routes in `routes`, plus "mpi" when the
   /// atomics go through MPI.
   std::vector<std::string> transports;
+  /// The UCX library and mode when the ucx route is in use ("UCX 1.13.1, mode am (active messages)"),
+  /// empty otherwise.
+  std::string ucx;
 };
 
 /// The runtime for one communicator. Move-only; collective to create and to finalize.

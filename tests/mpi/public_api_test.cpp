@@ -39,13 +39,17 @@ TEST(PublicApi, InfoMatchesTheRouteTable) {
     used.insert(to_string(info.routes[pe]));
   }
   if (ctx.atomics_through_mpi()) used.insert("mpi");
+  if (used.count("ucx")) EXPECT_FALSE(ctx.atomics_through_mpi()) << "atomics take the ucx route with it";
   // The transports in use: exactly the routes taken plus MPI for atomics, cheapest first, no repeats.
-  const std::vector<std::string> order{"self", "shm", "mpi"};
+  const std::vector<std::string> order{"self", "shm", "ucx", "mpi"};
   std::vector<std::string> expected;
   for (const auto& t : order)
     if (used.count(t)) expected.push_back(t);
   EXPECT_EQ(info.transports, expected);
   if (forced_mpi(ctx)) EXPECT_EQ(info.transports, std::vector<std::string>{"mpi"});
+  if (ctx.options().transports == std::vector<std::string>{"ucx"}) {
+    EXPECT_EQ(info.transports, std::vector<std::string>{"ucx"});
+  }
 
   const std::set<std::string> models{"MPI_WIN_UNIFIED", "MPI_WIN_SEPARATE", "unknown", "none"};
   EXPECT_TRUE(models.count(info.node_window_model)) << info.node_window_model;
