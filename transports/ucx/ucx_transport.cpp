@@ -244,21 +244,21 @@ void UcxTransport::wait(const char* what, int pe, const std::function<bool()>& d
 }
 
 void UcxTransport::put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
-  const auto lock = guard();
-  Msg m = header(put_data);
-  m.offset = offset;
-  m.bytes = bytes;
-  mark(pe);
-  send(pe, m, src, bytes, true, "put");
+  send_put(offset, src, bytes, pe, true, "put");
 }
 
 void UcxTransport::put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) {
+  send_put(offset, src, bytes, pe, false, "put_nbi");
+}
+
+void UcxTransport::send_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local,
+                            const char* what) {
   const auto lock = guard();
   Msg m = header(put_data);
   m.offset = offset;
   m.bytes = bytes;
   mark(pe);
-  send(pe, m, src, bytes, false, "put_nbi");
+  send(pe, m, src, bytes, wait_local, what);
 }
 
 std::uint64_t UcxTransport::expect(void* dst, std::size_t bytes, int pe) {

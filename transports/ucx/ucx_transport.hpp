@@ -117,6 +117,7 @@ class UcxTransport final : public Transport {
   };
 
   void send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what);
+  void send_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local, const char* what);
   Msg header(std::uint8_t kind) const;
   void apply(const Msg& m, const void* data, std::size_t length);
   void answer(int to, Msg reply, const void* buf, std::size_t bytes);
