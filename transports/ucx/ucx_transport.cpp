@@ -66,7 +66,7 @@ ucs_status_t request_status(void* req) { return req ? ucp_request_check_status(r
 
 UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::chrono::duration<double> timeout,
                            const PollPolicy& poll, bool threaded)
-    : rank_(rank), nranks_(nranks), threaded_(threaded), base_(base), timeout_(timeout), poll_(poll) {
+    : rank_(rank), threaded_(threaded), base_(base), timeout_(timeout), poll_(poll) {
   const char* call = "Context (ucx)";
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) fail("ucp_config_read", st);
@@ -321,12 +321,16 @@ void UcxTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t op
 void UcxTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   const auto lock = guard();
   post_atomic(op, offset, operand, pe);
+  if (!sends_done(pe)) wait("put_signal", pe, [&] { return sends_done(pe); });
+}
+
+bool UcxTransport::sends_done(int pe) {
   reap_sends();
-  if (std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; })) return;
-  wait("put_signal", pe, [&] {
-    reap_sends();
-    return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
-  });
+  return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
+}
+
+bool UcxTransport::flushed(int pe, std::uint64_t token) {
+  return pending_.at(token).done && gets_in_flight_[pe] == 0 && sends_done(pe);
 }
 
 bool UcxTransport::put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op,
@@ -350,11 +354,7 @@ void UcxTransport::flush(int pe) {
   m.token = expect(nullptr, 0, pe);
   send(pe, m, nullptr, 0, false, "flush");
   const std::uint64_t token = m.token;
-  wait("flush", pe, [&] {
-    if (!pending_.at(token).done || gets_in_flight_[pe] != 0) return false;
-    reap_sends();
-    return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
-  });
+  wait("flush", pe, [&] { return flushed(pe, token); });
   pending_.erase(token);
   dirty_[pe] = 0;
   dirty_list_.erase(std::remove(dirty_list_.begin(), dirty_list_.end(), pe), dirty_list_.end());
@@ -371,11 +371,7 @@ void UcxTransport::flush_all() {
     tokens.emplace_back(pe, m.token);
   }
   for (auto [pe, token] : tokens) {
-    wait("quiet", pe, [&, pe = pe, token = token] {
-      if (!pending_.at(token).done || gets_in_flight_[pe] != 0) return false;
-      reap_sends();
-      return std::none_of(sends_.begin(), sends_.end(), [pe](const Send& s) { return s.pe == pe; });
-    });
+    wait("quiet", pe, [&, pe = pe, token = token] { return flushed(pe, token); });
     pending_.erase(token);
     dirty_[pe] = 0;
   }

@@ -1,4 +1,5 @@
-// ucx: UCP active messages to every peer (the "am" mode of docs/ARCHITECTURE.md's UCX transport).
+// ucx: UCP active messages to every peer (the "am" mode of issue 12; the rdma mode is not built yet).
+// What users get from it: README, "The ucx route".
 //
 // Every operation is one active message {kind, offsets, value} + payload on the endpoint to the peer;
 // the target's handler (run inside its ucp_worker_progress) writes the data into its heap and applies
@@ -123,6 +124,8 @@ class UcxTransport final : public Transport {
   void answer(int to, Msg reply, const void* buf, std::size_t bytes);
   void drain();
   void reap_sends();
+  bool sends_done(int pe);                    // every send to pe locally complete
+  bool flushed(int pe, std::uint64_t token);  // pe answered `token`, and nothing to it is in flight
   std::uint64_t expect(void* dst, std::size_t bytes, int pe);
   void wait(const char* what, int pe, const std::function<bool()>& done);
   void mark(int pe);
@@ -133,7 +136,7 @@ class UcxTransport final : public Transport {
     return threaded_ ? std::unique_lock<std::recursive_mutex>(mu_) : std::unique_lock<std::recursive_mutex>();
   }
 
-  int rank_, nranks_;
+  int rank_;
   bool threaded_;
   std::recursive_mutex mu_;
   char* base_;
