@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "ubep/config.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -116,6 +117,11 @@ PollPolicy PollPolicy::parse(const std::string& text) {
   return p;
 }
 
+std::vector<std::string> Options::default_transports() {
+  if (UBEP_HAVE_UCX) return {"self", "shm", "ucx", "mpi"};
+  return {"self", "shm", "mpi"};
+}
+
 Options Options::from_env() {
   Options o;
   if (const char* v = env("UBEP_HEAP_SIZE")) {
@@ -159,6 +165,12 @@ Options Options::from_env() {
     if (t != "put" && t != "accumulate") bad("UBEP_MPI_SIGNAL", v, "expected put or accumulate");
     o.mpi_signal_put = t == "put";
   }
+  if (const char* v = env("UBEP_UCX_MODE")) {
+    o.ucx_mode = trim(v);
+    if (o.ucx_mode != "auto" && o.ucx_mode != "am" && o.ucx_mode != "rdma") {
+      bad("UBEP_UCX_MODE", v, "expected auto, am or rdma");
+    }
+  }
   if (const char* v = env("UBEP_MPI_BOUNDED")) {
     o.mpi_bounded = trim(v);
     if (o.mpi_bounded != "auto" && o.mpi_bounded != "all" && o.mpi_bounded != "off") {
@@ -190,6 +202,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back("UBEP_RUN_AHEAD=" + std::to_string(run_ahead));
   out.push_back(std::string("UBEP_MPI_SIGNAL=") + (mpi_signal_put ? "put" : "accumulate"));
   out.push_back("UBEP_MPI_BOUNDED=" + mpi_bounded);
+  out.push_back("UBEP_UCX_MODE=" + ucx_mode);
   return out;
 }
 

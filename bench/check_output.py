@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Smoke check of one ubep benchmark run: shape and correctness of its output, never its speed.
 
-Usage: check_output.py --impls ubep,mpi_rma --metric latency_us [--route mpi] [--max-size 4096] [--csv]
-                       -- mpirun -np 2 ./ubep_put_latency --max-size 4096 ...
+Usage: check_output.py --impls ubep,mpi_rma --metric latency_us [--route mpi] [--ubep-routes mpi,ucx]
+                       [--max-size 4096] [--csv] -- mpirun -np 2 ./ubep_put_latency --max-size 4096 ...
 
 Runs the command with `--json FILE` appended, and fails (exit 1) unless
   - the command exits 0 (a benchmark exits non-zero when a payload check fails);
-  - the JSON names the benchmark, the ubep and MPI versions, 2 ranks, a known route (the expected one with
-    --route) and the UBEP_* settings;
+  - the JSON names the benchmark, the ubep and MPI versions, 2 ranks, a known default route (the expected
+    one with --route), the routes ubep was timed over (with --ubep-routes: exactly that set, or
+    `default`: the default route alone) and the UBEP_* settings;
   - the sizes double from 0 or 1 up to --max-size, and every size has exactly one record per implementation
-    in --impls, with a positive finite value (raw_shm may be null only when marked unavailable);
+    in --impls (for ubep: one per route), with a positive finite value (raw_shm may be null only when
+    marked unavailable);
   - the text table on stdout ("# " header lines, a "# Size" line, or with --csv a "Size,..." line) has one
-    row per size with a value in every column.
+    row per size with a value in every column, and one ubep column per route ("ubep(...)" for one route,
+    "ubep_<route>(...)" for each of several) with a number in every row.
 """
 import argparse
 import json
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-ROUTES = {"self", "shm", "mpi"}
+ROUTES = {"self", "shm", "mpi", "ucx"}
 
 
 def fail(msg):
@@ -50,6 +53,15 @@ def check_json(doc, args):
         fail(f"expected the {args.route} route, the benchmark used {doc['route']}")
     if "UBEP_TRANSPORTS" not in doc["settings"]:
         fail("the settings lack UBEP_TRANSPORTS")
+    routes = doc.get("routes")
+    if not isinstance(routes, list) or not routes or len(set(routes)) != len(routes) or set(routes) - ROUTES:
+        fail(f"bad list of ubep routes {routes!r}")
+    if doc["route"] not in routes:
+        fail(f"the default route {doc['route']} is not among the ubep routes {routes}")
+    if args.ubep_routes == "default" and routes != [doc["route"]]:
+        fail(f"expected ubep over the default route {doc['route']} alone, it ran over {routes}")
+    if args.ubep_routes not in ("any", "default") and sorted(routes) != sorted(args.ubep_routes.split(",")):
+        fail(f"expected ubep over the routes {args.ubep_routes}, it ran over {routes}")
     impls = args.impls.split(",")
     results = doc["results"]
     if not results:
@@ -60,29 +72,35 @@ def check_json(doc, args):
     for size in sizes:
         for impl in impls:
             recs = [r for r in results if r["size"] == size and r["impl"] == impl]
-            if len(recs) != 1:
+            if impl == "ubep":
+                if sorted(r.get("route") for r in recs) != sorted(routes):
+                    fail(f"size {size}: ubep records for routes {[r.get('route') for r in recs]}, "
+                         f"expected one per route of {routes}")
+            elif len(recs) != 1:
                 fail(f"size {size}: {len(recs)} records for {impl}, expected 1")
-            rec = recs[0]
-            value = rec.get(args.metric)
-            if rec.get("route") not in ROUTES:
-                fail(f"size {size}, {impl}: bad route {rec.get('route')!r}")
-            if impl == "ubep" and rec["route"] != doc["route"]:
-                fail(f"size {size}: ubep record says route {rec['route']}, header says {doc['route']}")
-            if value is None:
-                if impl == "raw_shm" and rec.get("available") is False:
-                    continue
-                fail(f"size {size}, {impl}: no {args.metric}")
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                fail(f"size {size}, {impl}: {args.metric} = {value!r}, expected a positive number")
-            if not rec.get("iterations", 0) > 0:
-                fail(f"size {size}, {impl}: no iteration count")
+            for rec in recs:
+                check_record(rec, size, impl, args)
     extra = {r["impl"] for r in results} - set(impls)
     if extra:
         fail(f"unexpected implementations {sorted(extra)}")
-    return sizes
+    return sizes, routes
 
 
-def check_table(text, sizes, ncols, args, name):
+def check_record(rec, size, impl, args):
+    value = rec.get(args.metric)
+    if rec.get("route") not in ROUTES:
+        fail(f"size {size}, {impl}: bad route {rec.get('route')!r}")
+    if value is None:
+        if impl == "raw_shm" and rec.get("available") is False:
+            return
+        fail(f"size {size}, {impl}: no {args.metric}")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        fail(f"size {size}, {impl}: {args.metric} = {value!r}, expected a positive number")
+    if not rec.get("iterations", 0) > 0:
+        fail(f"size {size}, {impl}: no iteration count")
+
+
+def check_table(text, sizes, routes, ncols, args, name):
     lines = [l for l in text.splitlines() if l.strip()]
     header = [l for l in lines if l.startswith("#")]
     if not header or not header[0].startswith(f"# {name}:"):
@@ -107,13 +125,23 @@ def check_table(text, sizes, ncols, args, name):
         fail(f"{len(columns)} columns, expected at least {1 + ncols}")
     if [int(r[0]) for r in rows] != sizes:
         fail(f"table rows {[r[0] for r in rows]} do not match the sizes {sizes}")
+    # The ubep value columns: "ubep(unit)" for one route, "ubep_<route>(unit)" per route for several.
+    prefixes = ["ubep("] if len(routes) == 1 else [f"ubep_{route}(" for route in routes]
+    # (Ratio titles such as "ubep/create" or "ubep_ucx/MPI" have no unit in parentheses.)
+    ubep = [i for i, c in enumerate(columns) if c.startswith("ubep") and "(" in c and "/" not in c.split("(")[0]]
+    if sorted(columns[i].split("(")[0] + "(" for i in ubep) != sorted(prefixes):
+        fail(f"ubep columns {[columns[i] for i in ubep]}, expected one per route: {[p + '...)' for p in prefixes]}")
     for r in rows:
         if len(r) != len(columns):
             fail(f"row {r} has {len(r)} fields, expected {len(columns)}")
-        for cell in r[1:]:
-            if cell == "n/a":
+        for i, cell in enumerate(r[1:], start=1):
+            if cell == "n/a" and i not in ubep:
                 continue
-            if not float(cell) > 0:
+            try:
+                value = float(cell)
+            except ValueError:
+                fail(f"row {r}: {columns[i]} = {cell!r} is not a number")
+            if not value > 0:
                 fail(f"row {r}: value {cell} is not positive")
 
 
@@ -121,7 +149,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impls", required=True)
     p.add_argument("--metric", required=True)
-    p.add_argument("--route", default="any")
+    p.add_argument("--route", default="any", help="the expected default route (the header's)")
+    p.add_argument("--ubep-routes", default="any",
+                   help="the routes ubep must be timed over: a list (e.g. mpi,ucx), or default (the default alone)")
     p.add_argument("--max-size", type=int, default=4096)
     p.add_argument("--csv", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -144,9 +174,10 @@ def main():
             fail(f"cannot read the JSON output: {e}")
     if doc["benchmark"] != name:
         fail(f"JSON names benchmark {doc['benchmark']!r}, ran {name!r}")
-    sizes = check_json(doc, args)
-    check_table(proc.stdout, sizes, len(args.impls.split(",")), args, name)
-    print(f"check_output: OK: {name}, {len(sizes)} sizes x {args.impls}, route {doc['route']}")
+    sizes, routes = check_json(doc, args)
+    check_table(proc.stdout, sizes, routes, len(args.impls.split(",")), args, name)
+    print(f"check_output: OK: {name}, {len(sizes)} sizes x {args.impls}, default route {doc['route']}, "
+          f"ubep over {','.join(routes)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #include "bench/common.hpp"
 
+#include <sched.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -9,7 +11,9 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
 
+#include "base/poll.hpp"
 #include "ubep/config.hpp"
 
 namespace ubep::bench {
@@ -135,6 +139,12 @@ std::string format_value(std::optional<double> v, int precision) {
   return text;
 }
 
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
 // Right-aligned columns of at least 16 characters, always separated by two spaces.
 int width(const std::string& title) { return static_cast<int>(std::max<std::size_t>(16, title.size() + 2)); }
 
@@ -148,19 +158,45 @@ std::string format_ratio(std::optional<double> v) {
 
 }  // namespace
 
-Bench::Bench(std::string name, std::string description, const Settings& settings, ubep::Context& ctx)
+Bench::Bench(std::string name, std::string description, const Settings& settings, std::vector<ubep::Context*> contexts,
+             std::string routes_note)
     : name_(std::move(name)),
       description_(std::move(description)),
       settings_(settings),
-      ctx_(ctx),
+      contexts_(std::move(contexts)),
+      routes_note_(std::move(routes_note)),
       json_(std::make_unique<Json>()) {
+  ubep::Context& ctx = *contexts_.front();
   UBEP_BENCH_MPI(MPI_Comm_dup(ctx.comm(), &comm_));
   UBEP_BENCH_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   UBEP_BENCH_MPI(MPI_Comm_rank(comm_, &rank_));
+  const int peer = 1 - rank_;
+  for (ubep::Context* c : contexts_) routes_.push_back({route_name(c->route(peer)), c, c == contexts_.front()});
+  std::sort(routes_.begin(), routes_.end(),
+            [peer](const UbepRoute& a, const UbepRoute& b) { return a.ctx->route(peer) < b.ctx->route(peer); });
 }
 
 Bench::~Bench() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::vector<Column> Bench::ubep_columns(const std::string& unit, const std::string& metric, int precision) const {
+  std::vector<Column> out;
+  for (const UbepRoute& r : routes_) {
+    out.push_back({routes_.size() == 1 ? "ubep" + unit : "ubep_" + r.name + unit, "ubep", r.name, metric, precision});
+  }
+  return out;
+}
+
+std::vector<Ratio> Bench::ubep_ratios(const std::vector<Column>& columns, const std::vector<Ratio>& ratios) const {
+  if (routes_.size() == 1 || ratios.empty()) return ratios;
+  const std::size_t baseline = ratios.front().denominator;
+  std::string title = columns.at(baseline).title;
+  if (const auto unit = title.find('('); unit != std::string::npos) title.resize(unit);
+  std::vector<Ratio> out;
+  for (std::size_t i = 0; i < routes_.size(); ++i)
+    out.push_back({"ubep_" + routes_[i].name + "/" + title, i, baseline});
+  return out;
 }
 
 std::vector<double> Bench::time(std::size_t size, const std::vector<Loop>& loops) const {
@@ -189,11 +225,32 @@ std::vector<double> Bench::time(std::size_t size, const std::vector<Loop>& loops
   return out;
 }
 
-void Bench::barrier() const { UBEP_BENCH_MPI(MPI_Barrier(comm_)); }
+void Bench::wait(MPI_Request& request) const {
+  const std::uint32_t spin = contexts_.front()->options().poll.spin;
+  for (std::uint64_t polls = 0;; ++polls) {
+    int done = 0;
+    UBEP_BENCH_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    for (ubep::Context* c : contexts_) c->progress();
+    if (polls < spin) {
+      ubep::detail::cpu_relax();
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+void Bench::barrier() const {
+  MPI_Request request = MPI_REQUEST_NULL;
+  UBEP_BENCH_MPI(MPI_Ibarrier(comm_, &request));
+  wait(request);
+}
 
 void Bench::agree(bool ok, const std::string& what) const {
   int all = ok ? 1 : 0;
-  UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
+  MPI_Request request = MPI_REQUEST_NULL;
+  UBEP_BENCH_MPI(MPI_Iallreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_, &request));
+  wait(request);
   if (!all) throw CheckFailed(what);
 }
 
@@ -202,14 +259,38 @@ void Bench::start(const std::vector<std::string>& notes, std::vector<Column> col
   ratios_ = std::move(ratios);
   if (rank_ != 0) return;
   const Settings& s = settings_;
-  const std::string route = route_name(ctx_.route(1));
+  const ubep::Context& ctx = *contexts_.front();
+  const std::string route = route_name(ctx.route(1));
+  const auto through_mpi = [](const ubep::Context& c) { return c.atomics_through_mpi() ? "yes" : "no"; };
   std::vector<std::string> head;
   head.push_back(name_ + ": " + description_);
   head.push_back(std::string("ubep ") + UBEP_VERSION_STRING + "; MPI library: " + mpi_library());
-  head.push_back("ranks: " + std::to_string(ctx_.size()) + "; ubep route to rank 1: " + route +
-                 "; atomics and signals through MPI: " + (ctx_.atomics_through_mpi() ? "yes" : "no"));
+  nlohmann::json routes_json = nlohmann::json::array();
+  std::vector<std::string> names;
+  for (const UbepRoute& r : routes_) {
+    names.push_back(r.name);
+    routes_json.push_back({{"route", r.name},
+                           {"default", r.is_default},
+                           {"transports", join(r.ctx->options().transports, ",")},
+                           {"atomics_through_mpi", r.ctx->atomics_through_mpi()}});
+  }
+  if (routes_.size() == 1) {
+    head.push_back("ranks: " + std::to_string(ctx.size()) + "; ubep route to rank 1: " + route +
+                   (routes_note_.empty() ? "" : " (one route: " + routes_note_ + ")") +
+                   "; atomics and signals through MPI: " + through_mpi(ctx));
+  } else {
+    head.push_back("ranks: " + std::to_string(ctx.size()) + "; ubep routes to rank 1: " + join(names, ", ") +
+                   ", both timed in this run, one Context each (--routes default: the default route only)");
+    for (const UbepRoute& r : routes_) {
+      head.push_back("  ubep_" + r.name + ": " +
+                     (r.is_default ? std::string("the default Context (the settings below)")
+                                   : "a second Context, the settings below with UBEP_TRANSPORTS=" +
+                                         join(r.ctx->options().transports, ",")) +
+                     "; atomics and signals through MPI: " + through_mpi(*r.ctx));
+    }
+  }
   nlohmann::json settings_json = nlohmann::json::object();
-  for (const std::string& kv : ctx_.options().describe()) {
+  for (const std::string& kv : ctx.options().describe()) {
     head.push_back("  " + kv);
     const auto eq = kv.find('=');
     settings_json[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
@@ -225,8 +306,10 @@ void Bench::start(const std::vector<std::string>& notes, std::vector<Column> col
   doc["description"] = description_;
   doc["ubep_version"] = UBEP_VERSION_STRING;
   doc["mpi_library"] = mpi_library();
-  doc["ranks"] = ctx_.size();
-  doc["route"] = route;
+  doc["ranks"] = ctx.size();
+  doc["route"] = route;  // the default route; "routes" lists every route of the ubep records
+  doc["routes"] = names;
+  doc["ubep_routes"] = routes_json;
   doc["settings"] = settings_json;
   doc["iterations"] = s.iterations;
   doc["iterations_large"] = s.iterations_large;
@@ -314,6 +397,56 @@ std::size_t size_arg(const std::string& text, const char* flag) {
   }
 }
 
+/// What run_benchmark learns about the second Context: its Options when there is one, else why not.
+struct OtherRoute {
+  std::optional<ubep::Options> options;
+  ubep::Route route = ubep::Route::mpi;
+  std::string why_not;
+};
+
+/// The other off-node route to the peer (rank 1 - rank): ucx when the default route is mpi, mpi when it is
+/// ucx, and the Options that force it (the default's, with UBEP_TRANSPORTS=self,shm,<route>). Only when
+/// the peer is off this node (real or UBEP_VIRTUAL_NODES nodes: on the node both Contexts would take shm),
+/// the build has UCX, and --routes is all.
+OtherRoute other_route(const ubep::Context& ctx, bool all_routes) {
+  constexpr bool kHaveUcx = UBEP_HAVE_UCX;
+  const int peer = 1 - ctx.rank();
+  const ubep::Route route = ctx.route(peer);
+  const std::span<const int> node = ctx.node_ranks();
+  OtherRoute out;
+  if (!all_routes) {
+    out.why_not = "--routes default";
+  } else if (std::find(node.begin(), node.end(), peer) != node.end()) {
+    out.why_not = "the peer shares this node";
+  } else if (route != ubep::Route::mpi && route != ubep::Route::ucx) {
+    out.why_not = "the peer is off the node, but reached by " + route_name(route);
+  } else if (!kHaveUcx) {
+    out.why_not = "this build has no UCX";
+  } else {
+    out.route = route == ubep::Route::mpi ? ubep::Route::ucx : ubep::Route::mpi;
+    out.options = ctx.options();
+    out.options->transports = {"self", "shm", route_name(out.route)};
+  }
+  return out;
+}
+
+/// The second Context, or nullptr; collective over the world. Throws when the ranks disagree (they would
+/// not create it together) or when it does not reach the peer by the route it was made for.
+std::unique_ptr<ubep::Context> other_context(const OtherRoute& other) {
+  int want[2] = {other.options ? 1 : 0, other.options ? -1 : 0};  // max and -min in one reduction
+  UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, want, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  if (want[0] != -want[1])
+    throw std::runtime_error("the ranks disagree on whether the peer is off the node (a second route)");
+  if (!other.options) return nullptr;
+  auto ctx = std::make_unique<ubep::Context>(MPI_COMM_WORLD, *other.options);
+  const ubep::Route got = ctx->route(1 - ctx->rank());
+  if (got != other.route) {
+    throw std::runtime_error("the second Context, UBEP_TRANSPORTS=" + join(other.options->transports, ",") +
+                             ", reaches the peer by " + route_name(got) + ", not by " + route_name(other.route));
+  }
+  return ctx;
+}
+
 }  // namespace
 
 int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<void(Bench&)>& body) {
@@ -357,6 +490,12 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
   app.add_option("--batches", s.batches, "the timed loop runs in this many batches; the median batch is reported")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  std::string routes = "all";
+  app.add_option("--routes", routes,
+                 "all: when the peer is off the node and the build has UCX, time ubep over both off-node routes "
+                 "(mpi and ucx, one Context each) in this run; default: the default route only")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all", "default"}));
   app.add_flag("--csv", s.csv, "comma-separated rows (the '# ' header lines stay)");
   auto* json = app.add_option("--json", json_path,
                               "write JSON results to FILE; '--json' alone or '--json -' writes them to stdout "
@@ -372,6 +511,7 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
       s.iterations_large = std::min(spec.default_iterations_large, s.iterations);
     if (warm->count() && !warm_large->count()) s.warmup_large = std::min(spec.default_warmup_large, s.warmup);
     if (json->count()) s.json = json_path;
+    s.all_routes = routes == "all";
   } catch (const CLI::ParseError& e) {
     const int rc = world_rank == 0 ? app.exit(e) : e.get_exit_code();
     MPI_Finalize();
@@ -386,11 +526,16 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
   int rc = 0;
   try {
     ubep::Context ctx(MPI_COMM_WORLD);
+    const OtherRoute other = other_route(ctx, s.all_routes);
+    std::unique_ptr<ubep::Context> second = other_context(other);
     {
-      Bench bench(spec.name, spec.description, s, ctx);
+      std::vector<ubep::Context*> contexts{&ctx};
+      if (second) contexts.push_back(second.get());
+      Bench bench(spec.name, spec.description, s, std::move(contexts), other.why_not);
       body(bench);
       bench.finish();
     }
+    if (second) second->finalize();
     ctx.finalize();
   } catch (const CheckFailed& e) {
     // Every rank threw (agree() is collective), so the context was finalized on the way out.

@@ -7,6 +7,12 @@
 /// failure into a non-zero exit code: a wrong payload (CheckFailed, on every rank) ends the job
 /// cleanly with exit code 1; any other exception on one rank aborts the job, because its peer may be
 /// blocked in a ping-pong it can never finish.
+///
+/// Routes: when the peer is off this node (its route is mpi or ucx) and the build has UCX, run_benchmark
+/// also creates a second Context on the same communicator that reaches the peer by the other off-node
+/// route (the same Options, UBEP_TRANSPORTS forced to self,shm,<other route>), and every body times ubep
+/// once per entry of Bench::routes(), beside the same baselines (`--routes default` keeps the default
+/// route only). On the node there is one route, the default.
 #pragma once
 
 #include <mpi.h>
@@ -55,6 +61,9 @@ struct Settings {
   /// The timed iterations of one size run in this many batches; the reported value is the median batch.
   int batches = 10;
   bool csv = false;
+  /// --routes all (default): off the node, ubep over both off-node routes (see Bench::routes()); false:
+  /// the default route only.
+  bool all_routes = true;
   /// Empty: no JSON. "-": JSON on stdout instead of the table. Otherwise a file name.
   std::optional<std::string> json;
 
@@ -93,22 +102,47 @@ struct Ratio {
   std::size_t denominator;
 };
 
+/// One route ubep is timed over: its name and a Context that reaches the peer (rank 1 from rank 0) by it.
+struct UbepRoute {
+  std::string name;         ///< "self", "shm", "mpi" or "ucx": ctx->route(peer)
+  ubep::Context* ctx;       ///< Bench::ctx() for the default route, otherwise the second Context
+  bool is_default = false;  ///< the route of Bench::ctx() (the environment's UBEP_TRANSPORTS)
+};
+
 /// Everything a benchmark body needs.
 class Bench {
  public:
-  Bench(std::string name, std::string description, const Settings& settings, ubep::Context& ctx);
+  /// `contexts`: the default Context first, then at most one more that reaches the peer by the other
+  /// off-node route; `routes_note` says why there is one route only (empty when there are two).
+  Bench(std::string name, std::string description, const Settings& settings, std::vector<ubep::Context*> contexts,
+        std::string routes_note);
   ~Bench();
   Bench(const Bench&) = delete;
   Bench& operator=(const Bench&) = delete;
 
-  ubep::Context& ctx() { return ctx_; }
+  /// The default Context (from the environment); the baselines take their poll policy from it.
+  ubep::Context& ctx() { return *contexts_.front(); }
+  /// The routes to time ubep over, in Route order (mpi before ucx): one, the default route, unless the
+  /// peer is off the node, the build has UCX and --routes is all; then mpi and ucx, each with its Context.
+  /// Every body allocates its ubep buffers on each route's Context and times one loop per route.
+  const std::vector<UbepRoute>& routes() const { return routes_; }
   /// A private duplicate of ctx.comm() for the baselines (MPI_ERRORS_RETURN), so that their traffic and
   /// barriers never mix with ubep's own collectives.
   MPI_Comm comm() const { return comm_; }
   int rank() const { return rank_; }
   const Settings& settings() const { return settings_; }
 
-  /// Rank 0 prints the header (name, versions, route, settings, iteration counts, column titles).
+  /// The value columns of ubep, one per entry of routes(), in that order, impl "ubep", their route's name,
+  /// `metric`: titled "ubep" + unit ("ubep(us)") with one route, "ubep_<route>" + unit ("ubep_ucx(us)")
+  /// with several. They come first in the columns of start() and in every row.
+  std::vector<Column> ubep_columns(const std::string& unit, const std::string& metric, int precision = 3) const;
+  /// The ratio columns of the ubep columns. `ratios` are written for one route (numerator 0, denominators
+  /// indices into `columns`, which start with ubep_columns()): with one route they are returned as they
+  /// are; with several, each route gets the first of them only, titled "ubep_<route>/<baseline>" (the
+  /// denominator's title without its unit), so that the table stays readable. The JSON has every value.
+  std::vector<Ratio> ubep_ratios(const std::vector<Column>& columns, const std::vector<Ratio>& ratios) const;
+
+  /// Rank 0 prints the header (name, versions, routes, settings, iteration counts, column titles).
   /// `notes` are extra "# " lines (what is measured, units).
   void start(const std::vector<std::string>& notes, std::vector<Column> columns, std::vector<Ratio> ratios);
   /// Rank 0 prints one row and keeps its JSON records; nullopt prints "n/a" (JSON: null, "available": false).
@@ -125,16 +159,25 @@ class Bench {
   /// same order.
   std::vector<double> time(std::size_t size, const std::vector<Loop>& loops) const;
 
-  /// MPI_Barrier on comm().
+  /// A barrier on comm() that keeps every ubep Context progressing while it waits (see wait()).
   void barrier() const;
   /// All ranks learn whether every rank's `ok` holds; throws CheckFailed(what) on every rank otherwise.
+  /// Progresses every ubep Context while it waits, like barrier().
   void agree(bool ok, const std::string& what) const;
 
  private:
+  /// Waits for `request` while progressing every ubep Context: on the ucx route a put, get or quiet aimed
+  /// at this rank completes only while this rank runs ubep code, so a plain blocking MPI call here would
+  /// stall the peer's timed loop. Polls with a pause, then yields; never sleeps, as MPI's own blocking
+  /// calls do not, so that the target answers at once.
+  void wait(MPI_Request& request) const;
+
   std::string name_;
   std::string description_;
   Settings settings_;
-  ubep::Context& ctx_;
+  std::vector<ubep::Context*> contexts_;
+  std::vector<UbepRoute> routes_;
+  std::string routes_note_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   std::vector<Column> columns_;
@@ -158,7 +201,8 @@ struct Spec {
 };
 
 /// Initializes MPI (MPI_THREAD_MULTIPLE, so UBEP_PROGRESS_THREAD works), parses the flags, builds the
-/// Context and a Bench, runs `body` on every rank, finalizes. Returns the process exit code.
+/// Context (and the second one of the other off-node route, see Bench::routes()) and a Bench, runs `body`
+/// on every rank, finalizes. Returns the process exit code.
 int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<void(Bench&)>& body);
 
 // ---- helpers for the bodies ----------------------------------------------------------------------------
@@ -208,7 +252,7 @@ bool check_pattern(const void* src, std::size_t bytes, std::uint32_t seed, const
 /// Median of a non-empty vector.
 double median(std::vector<double> v);
 
-/// The name of Route r ("self", "shm", "mpi").
+/// The name of Route r ("self", "shm", "mpi", "ucx").
 std::string route_name(ubep::Route r);
 
 }  // namespace ubep::bench

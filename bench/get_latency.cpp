@@ -8,41 +8,49 @@ int main(int argc, char** argv) {
   using namespace ubep::bench;
   Spec spec{"ubep_get_latency", "ubep get latency vs MPI_Get + MPI_Win_flush (OSU osu_get_latency)"};
   return run_benchmark(argc, argv, spec, [](Bench& b) {
-    ubep::Context& ctx = b.ctx();
     const Settings& s = b.settings();
     const bool origin = b.rank() == 0;
-    auto src = ctx.alloc<std::byte>(s.max_size);  // read on rank 1
+    // One source buffer per route (read on rank 1), each in the heap of the Context of that route.
+    std::vector<ubep::Symmetric<std::byte>> src;
+    for (const UbepRoute& r : b.routes()) src.push_back(r.ctx->alloc<std::byte>(s.max_size));
     Buffer dst(s.max_size);
     Window allocated(Window::Kind::allocate, s.max_size, b.comm());
     Window created(Window::Kind::create, s.max_size, b.comm());
 
+    std::vector<Column> columns = b.ubep_columns("(us)", "latency_us");
+    const std::size_t mpi = columns.size();
+    columns.push_back({"MPI(us)", "mpi_rma", "mpi", "latency_us"});
+    columns.push_back({"MPI_create(us)", "mpi_rma_create", "mpi", "latency_us"});
+    std::vector<Ratio> ratios = b.ubep_ratios(columns, {{"ratio", 0, mpi}, {"ubep/create", 0, mpi + 1}});
     b.start({"rank 0 reads `Size` bytes from rank 1, every iteration:", "  ubep:       ctx.get(dst, src, Size, 1)",
              "  MPI:        MPI_Get(dst, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an MPI_Win_allocate "
              "window (OSU)",
              "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
              "latency in microseconds per iteration; ratio = ubep / MPI, ubep/create = ubep / MPI_create"},
-            {{"ubep(us)", "ubep", route_name(ctx.route(1)), "latency_us"},
-             {"MPI(us)", "mpi_rma", "mpi", "latency_us"},
-             {"MPI_create(us)", "mpi_rma_create", "mpi", "latency_us"}},
-            {{"ratio", 0, 1}, {"ubep/create", 0, 2}});
+            columns, ratios);
 
     std::uint32_t seed = 0;
     for (const std::size_t size : s.sizes()) {
       const int n = static_cast<int>(size);
       // Correctness first: the target publishes a pattern, the origin must read exactly that.
-      ++seed;
-      if (!origin) {
-        fill_pattern(src.data(), size, seed);
-        ctx.progress();  // MPI_Win_sync on the mpi route: the stores become visible to RMA
+      for (std::size_t r = 0; r < src.size(); ++r) {
+        ubep::Context& ctx = *b.routes()[r].ctx;
+        ++seed;
+        if (!origin) {
+          fill_pattern(src[r].data(), size, seed);
+          ctx.progress();  // MPI_Win_sync on the mpi route: the stores become visible to RMA
+        }
+        b.barrier();
+        bool ok = true;
+        if (origin) {
+          std::memset(dst.data(), 0, size);
+          ctx.get(dst.data(), src[r].data(), size, 1);
+          ok = check_pattern(dst.data(), size, seed, "ubep get");
+        }
+        b.agree(ok,
+                "ubep get (route " + b.routes()[r].name + ") returned a wrong payload at size " + std::to_string(size));
       }
-      b.barrier();
       bool ok = true;
-      if (origin) {
-        std::memset(dst.data(), 0, size);
-        ctx.get(dst.data(), src.data(), size, 1);
-        ok = check_pattern(dst.data(), size, seed, "ubep get");
-      }
-      b.agree(ok, "ubep get returned a wrong payload at size " + std::to_string(size));
       for (Window* win : {&allocated, &created}) {
         ++seed;
         if (!origin) {
@@ -59,7 +67,7 @@ int main(int argc, char** argv) {
         b.agree(ok, "MPI_Get returned a wrong payload at size " + std::to_string(size));
       }
 
-      std::vector<Loop> loops(3, idle_loop());
+      std::vector<Loop> loops(columns.size(), idle_loop());
       if (origin) {
         const auto mpi_get = [&](MPI_Win w) {
           return loop_of([&dst, n, w] {
@@ -67,11 +75,15 @@ int main(int argc, char** argv) {
             UBEP_BENCH_MPI(MPI_Win_flush(1, w));
           });
         };
-        loops = {loop_of([&] { ctx.get(dst.data(), src.data(), size, 1); }), mpi_get(allocated.get()),
-                 mpi_get(created.get())};
+        for (std::size_t r = 0; r < src.size(); ++r) {
+          loops[r] = loop_of(
+              [&ctx = *b.routes()[r].ctx, from = src[r].data(), &dst, size] { ctx.get(dst.data(), from, size, 1); });
+        }
+        loops[mpi] = mpi_get(allocated.get());
+        loops[mpi + 1] = mpi_get(created.get());
       }
       const std::vector<double> t = b.time(size, loops);
-      b.row(size, {t[0], t[1], t[2]});
+      b.row(size, std::vector<std::optional<double>>(t.begin(), t.end()));
     }
   });
 }

@@ -39,8 +39,11 @@ struct Args {
   std::vector<double> compute{0.0, 2.0};
   std::string compute_mode = "spin";
   std::vector<std::string> schedules;  // empty: UBEP_SCHEDULE (default topology)
-  unsigned run_ahead = 0;              // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
-  std::string heap_budget;             // empty: a quarter of physical memory over the ranks of the node
+  /// "default" (UBEP_TRANSPORTS as set), or mpi / ucx: UBEP_TRANSPORTS forced to self,shm,<route>. One
+  /// Context per (route, schedule).
+  std::vector<std::string> routes{"default"};
+  unsigned run_ahead = 0;   // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
+  std::string heap_budget;  // empty: a quarter of physical memory over the ranks of the node
   int check_tokens = 8;
   std::string json;
   std::string plot;
@@ -109,10 +112,23 @@ class Comm {
   int rank_ = 0, size_ = 1, node_size_ = 1;
 };
 
+/// Every rank agrees that the run cannot do what was asked (e.g. --routes ucx with every peer on the
+/// node); the job ends cleanly with exit status 2.
+class Refused : public CheckFailed {
+ public:
+  using CheckFailed::CheckFailed;
+};
+
 // ---- results -----------------------------------------------------------------------------------------
 
+/// One ubep Context of a shape: the route it reaches the peers off this node by (its label in rows, JSON
+/// and summary: the forced route, or for "default" the farthest route any rank uses) and its schedule.
+struct Variant {
+  std::string route, schedule;
+};
+
 struct Result {
-  std::string impl, schedule, routing;
+  std::string impl, route, schedule, routing;
   int tokens = 0;
   double compute = 0.0;
   double dispatch_us = 0.0, combine_us = 0.0, layer_us = 0.0;
@@ -125,8 +141,9 @@ struct Result {
 // ---- the cases (moe_bench_cases.cpp) -----------------------------------------------------------------
 
 /// All routings and compute costs of one size: check, then time every implementation interleaved.
+/// `variants[i]` names `ubep_layers[i]`.
 void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
-               const std::vector<std::string>& schedules, const std::vector<moe::LayerBase*>& ubep_layers,
+               const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
                moe::LayerBase& bsp_layer, unsigned run_ahead, std::size_t heap,
                std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc);
 

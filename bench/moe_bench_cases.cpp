@@ -29,6 +29,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kBspSchedule = "alltoallv";  // the "schedule" of the baseline in rows and JSON
+constexpr const char* kBspRoute = "mpi";           // and its "route": MPI collectives, whatever ubep's route
 
 double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
@@ -246,7 +247,7 @@ Sample run_once(moe::LayerBase& layer, const Inputs& in, Expert& expert, std::sp
 /// baseline's bit for bit, and the baseline's must equal a serial reference for a few tokens. Throws
 /// CheckFailed on every rank otherwise.
 void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, const std::vector<moe::LayerBase*>& ubep,
-           const std::vector<std::string>& schedules, moe::LayerBase& bsp, int check_tokens, const std::string& what) {
+           const std::vector<Variant>& variants, moe::LayerBase& bsp, int check_tokens, const std::string& what) {
   const auto hidden = static_cast<std::size_t>(cfg.hidden);
   const auto topk = static_cast<std::size_t>(cfg.topk);
   const std::size_t n = static_cast<std::size_t>(in.n);
@@ -265,9 +266,10 @@ void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, const std
       std::size_t i = 0;
       while (i < got.size() && std::memcmp(&got[i], &want[i], sizeof(float)) == 0) ++i;
       std::fprintf(stderr,
-                   "check failed: rank %d, %s, schedule %s: ubep output differs from bsp at token %zu element %zu: "
-                   "ubep %.9g, bsp %.9g\n",
-                   comm.rank(), what.c_str(), schedules[s].c_str(), i / hidden, i % hidden, got[i], want[i]);
+                   "check failed: rank %d, %s, route %s, schedule %s: ubep output differs from bsp at token %zu "
+                   "element %zu: ubep %.9g, bsp %.9g\n",
+                   comm.rank(), what.c_str(), variants[s].route.c_str(), variants[s].schedule.c_str(), i / hidden,
+                   i % hidden, got[i], want[i]);
       ok = false;
     }
   }
@@ -309,7 +311,7 @@ double median_of(const std::vector<Sample>& v, std::size_t metric) {
 }  // namespace
 
 void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
-               const std::vector<std::string>& schedules, const std::vector<moe::LayerBase*>& ubep_layers,
+               const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
                moe::LayerBase& bsp_layer, unsigned run_ahead, std::size_t heap,
                std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc) {
   const int rank = comm.rank(), ranks = comm.size(), n = cfg.max_tokens_per_rank;
@@ -318,7 +320,7 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
   std::vector<float> out(static_cast<std::size_t>(n) * static_cast<std::size_t>(a.hidden));
   for (const std::string& routing : a.routing) {
     const Inputs in = make_inputs(cfg, n, routing, a.zipf, rank);
-    check(comm, cfg, in, ubep_layers, schedules, *bsp, a.check_tokens,
+    check(comm, cfg, in, ubep_layers, variants, *bsp, a.check_tokens,
           fmt("%d tokens/rank, %s routing", n, routing.c_str()));
 
     for (const double compute : a.compute) {
@@ -339,8 +341,10 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
       std::vector<Result> results;
       for (std::size_t i = 0; i < impls.size(); ++i) {
         Result r;
+        const bool ubep = i < variants.size();
         r.impl = impls[i]->name();
-        r.schedule = i < schedules.size() ? schedules[i] : kBspSchedule;
+        r.route = ubep ? variants[i].route : kBspRoute;
+        r.schedule = ubep ? variants[i].schedule : kBspSchedule;
         r.routing = routing;
         r.tokens = n;
         r.compute = compute;
@@ -350,18 +354,18 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
         r.buffer_bytes = comm.max(static_cast<std::uint64_t>(impls[i]->buffer_bytes()));
         r.iterations = iterations;
         r.warmup = warmup;
-        r.run_ahead = i < schedules.size() ? run_ahead : 0;
-        r.heap_bytes = i < schedules.size() ? heap : 0;
+        r.run_ahead = ubep ? run_ahead : 0;
+        r.heap_bytes = ubep ? heap : 0;
         results.push_back(r);
       }
       const Result& b = results.back();
-      for (std::size_t s = 0; s < schedules.size(); ++s) pairs.emplace_back(results[s], b);
+      for (std::size_t s = 0; s < variants.size(); ++s) pairs.emplace_back(results[s], b);
       if (root) {
         for (const Result& r : results) {
           print_row(a, r);
           doc["results"].push_back(to_json(a, ranks, r));
         }
-        for (std::size_t s = 0; s < schedules.size(); ++s) print_ratio(a, results[s], b);
+        for (std::size_t s = 0; s < variants.size(); ++s) print_ratio(a, results[s], b);
         std::fflush(stdout);
       }
     }

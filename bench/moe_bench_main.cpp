@@ -8,11 +8,12 @@
 ///
 /// Run: mpirun -np 4 build/bench/ubep_moe_bench [--tokens 128,2048] [--json FILE] [--plot FILE.png]; see
 /// docs/MOE_BENCH.md. Exit status: 0 ok, 1 a correctness check failed (on every rank), 2 any other error
-/// (the job is aborted), 3 the plot could not be written.
+/// (the job is aborted, or every rank refused what --routes asks), 3 the plot could not be written.
 ///
 /// This file: the command line (flags, --quick), the run over the sizes (heap and run-ahead, one Context
-/// per schedule, the header lines, the summary, the JSON file) and main(). Shared declarations: moe_bench.hpp;
-/// the timed cases: moe_bench_cases.cpp; the table, JSON records, summary lines, plot: moe_bench_report.cpp.
+/// per route and schedule, the header lines, the summary, the JSON file) and main(). Shared declarations:
+/// moe_bench.hpp; the timed cases: moe_bench_cases.cpp; the table, JSON records, summary lines, plot:
+/// moe_bench_report.cpp.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -58,6 +59,54 @@ std::string join(const std::vector<std::string>& parts, const char* sep) {
   return out;
 }
 
+// ---- routes ------------------------------------------------------------------------------------------
+
+constexpr ubep::Route kRoutes[] = {ubep::Route::self, ubep::Route::shm, ubep::Route::mpi, ubep::Route::ucx};
+
+unsigned bit(ubep::Route r) { return 1u << static_cast<unsigned>(r); }
+
+/// Collective: the routes `ctx` uses from any rank to any peer, as a mask of bit(route).
+unsigned routes_used(const ubep::Context& ctx, const Comm& comm) {
+  unsigned used = 0;
+  for (int pe = 0; pe < comm.size(); ++pe) used |= bit(ctx.route(pe));
+  return comm.bit_or(used);
+}
+
+std::vector<std::string> route_names(unsigned used) {
+  std::vector<std::string> out;
+  for (const ubep::Route r : kRoutes)
+    if (used & bit(r)) out.push_back(ubep::to_string(r));
+  return out;
+}
+
+/// The label of a default Context: the farthest route it uses (ucx or mpi across nodes, shm on one node).
+std::string farthest(unsigned used) {
+  std::string out;
+  for (const ubep::Route r : kRoutes)
+    if (used & bit(r)) out = ubep::to_string(r);
+  return out;
+}
+
+/// Throws Refused (on every rank alike: `used_by` is the same everywhere) when a forced route reaches no
+/// peer, since its rows would time the shm route under another name, or when two entries of --routes time
+/// the same route.
+void check_routes(const Args& a, const std::vector<Variant>& variants, const std::vector<unsigned>& used_by) {
+  const std::size_t per_route = variants.size() / a.routes.size();
+  for (std::size_t i = 0; i < a.routes.size(); ++i) {
+    const std::string& asked = a.routes[i];
+    const std::string& label = variants[i * per_route].route;
+    const std::vector<std::string> used = route_names(used_by[i * per_route]);
+    if (asked != "default" && std::find(used.begin(), used.end(), asked) == used.end()) {
+      throw Refused("--routes " + asked + ": no rank reaches a peer over " + asked +
+                    " (every peer shares its node); run across nodes, or with UBEP_VIRTUAL_NODES");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (variants[j * per_route].route == label)
+        throw Refused("--routes " + a.routes[j] + "," + asked + ": both time the " + label + " route");
+    }
+  }
+}
+
 // ---- the run -----------------------------------------------------------------------------------------
 
 std::size_t physical_memory() {
@@ -75,6 +124,7 @@ int run(const Args& a, const Comm& comm) {
       a.schedules.empty() ? std::vector<std::string>{base.schedule} : a.schedules;
   const moe::DType dtype = moe::parse_dtype(a.dtype);
   for (const std::string& s : schedules) (void)ubep::parse_schedule(s);  // throws on a bad name, before any work
+  const std::size_t contexts_per_shape = a.routes.size() * schedules.size();
   for (const std::string& r : a.routing)
     if (r != "uniform" && r != "skewed") throw std::invalid_argument("--routing: unknown routing " + r);
   const std::size_t budget = !a.heap_budget.empty()
@@ -103,53 +153,93 @@ int run(const Args& a, const Comm& comm) {
     const moe::Config cfg{a.experts, a.hidden, dtype, a.topk, n};
     const int iterations = a.iterations_for(n), warmup = a.warmup_for(n);
 
-    // Heap and run-ahead: every schedule holds its own Context, all alive at once (interleaved runs).
+    // Heap and run-ahead: every (route, schedule) holds its own Context, all alive at once (interleaved runs).
     const unsigned wanted = a.run_ahead ? a.run_ahead : base.run_ahead;
     unsigned run_ahead = wanted;
     const std::size_t per_context = moe::Layer::heap_bytes(cfg, ranks, wanted);
     std::string note;
-    if (!a.run_ahead && wanted > 1 && (per_context + slack(per_context)) * schedules.size() > budget) {
+    if (!a.run_ahead && wanted > 1 && (per_context + slack(per_context)) * contexts_per_shape > budget) {
       run_ahead = 1;
       note = fmt("run-ahead lowered from %u to 1 for %d tokens/rank: ", wanted, n) + mib(per_context) +
-             fmt(" of heap per rank and schedule at run-ahead %u exceeds the budget of ", wanted) + mib(budget) +
-             " per rank (--heap-budget; default a quarter of physical memory over the ranks of a node)";
+             fmt(" of heap per rank and Context (%zu: routes x schedules) at run-ahead %u exceeds the budget of ",
+                 contexts_per_shape, wanted) +
+             mib(budget) + " per rank (--heap-budget; default a quarter of physical memory over the ranks of a node)";
     }
     const std::size_t needed = moe::Layer::heap_bytes(cfg, ranks, run_ahead);
     // UBEP_HEAP_SIZE, when set, is a lower bound; otherwise the heap is what the Layer needs plus slack.
     const std::size_t heap = std::max(std::getenv("UBEP_HEAP_SIZE") ? base.heap_size : 0, needed + slack(needed));
-    if ((heap * schedules.size()) > budget && root)
+    if ((heap * contexts_per_shape) > budget && root)
       std::fprintf(stderr, "ubep_moe_bench: warning: %zu context(s) x %s of heap per rank exceeds the budget of %s\n",
-                   schedules.size(), mib(heap).c_str(), mib(budget).c_str());
+                   contexts_per_shape, mib(heap).c_str(), mib(budget).c_str());
 
+    // One Context per (route, schedule), route by route; each route's union over ranks of the routes used.
     std::vector<std::unique_ptr<ubep::Context>> contexts;
     std::vector<std::unique_ptr<moe::Layer>> layers;
-    for (const std::string& s : schedules) {
-      ubep::Options o = base;
-      o.schedule = s;
-      o.heap_size = heap;
-      o.run_ahead = run_ahead;
-      contexts.push_back(std::make_unique<ubep::Context>(MPI_COMM_WORLD, o));
-      layers.push_back(std::make_unique<moe::Layer>(*contexts.back(), cfg));
+    std::vector<Variant> variants;
+    std::vector<unsigned> used_by;
+    for (const std::string& route : a.routes) {
+      for (const std::string& s : schedules) {
+        ubep::Options o = base;
+        if (route != "default") o.transports = {"self", "shm", route};
+        o.schedule = s;
+        o.heap_size = heap;
+        o.run_ahead = run_ahead;
+        contexts.push_back(std::make_unique<ubep::Context>(MPI_COMM_WORLD, o));
+        layers.push_back(std::make_unique<moe::Layer>(*contexts.back(), cfg));
+        used_by.push_back(routes_used(*contexts.back(), comm));
+        variants.push_back({route == "default" ? farthest(used_by.back()) : route, s});
+      }
     }
     auto bsp = std::make_unique<moe::BspLayer>(*contexts.front(), cfg);
     std::vector<moe::LayerBase*> ubep_layers;
     for (auto& l : layers) ubep_layers.push_back(l.get());
 
+    // Layers first (their symmetric memory belongs to the contexts), then the contexts, in the same order
+    // on every rank. Also on a failed check or a refusal, which every rank sees at the same point.
+    auto release = [&] {
+      bsp.reset();
+      layers.clear();
+      for (auto& c : contexts) c->finalize();
+      contexts.clear();
+    };
+    try {
+      check_routes(a, variants, used_by);
+    } catch (const CheckFailed&) {
+      release();
+      throw;
+    }
+
     if (!header_done) {
       header_done = true;
       const ubep::Context& ctx = *contexts.front();
       unsigned routes = 0;
-      for (int pe = 0; pe < ranks; ++pe) routes |= 1u << static_cast<unsigned>(ctx.route(pe));
-      routes = comm.bit_or(routes);
-      std::vector<std::string> used;
-      for (const ubep::Route r : {ubep::Route::self, ubep::Route::shm, ubep::Route::mpi})
-        if (routes & (1u << static_cast<unsigned>(r))) used.push_back(ubep::to_string(r));
-      std::vector<std::string> from0;
-      for (int pe = 0; pe < ranks; ++pe) from0.push_back(ubep::to_string(ctx.route(pe)));
+      for (const unsigned u : used_by) routes |= u;
+      const std::vector<std::string> used = route_names(routes);
       const auto& overrides = ctx.topology().overrides();
       const int nodes = ctx.topology().num_nodes();
+      // Per route (the first Context of each): what it was asked, what it uses, from rank 0 and anywhere.
+      std::vector<std::string> route_lines;
+      nlohmann::json ubep_routes = nlohmann::json::array();
+      for (std::size_t v = 0; v < variants.size(); v += schedules.size()) {
+        const ubep::Context& c = *contexts[v];
+        const std::string& asked = a.routes[v / schedules.size()];
+        std::vector<std::string> from0;
+        for (int pe = 0; pe < ranks; ++pe) from0.push_back(ubep::to_string(c.route(pe)));
+        const std::string transports = join(c.options().transports, ",");
+        route_lines.push_back("ubep route " + variants[v].route + " (" +
+                              (asked == "default" ? "the default" : "--routes " + asked) +
+                              ", UBEP_TRANSPORTS=" + transports + "): routes used " +
+                              join(route_names(used_by[v]), ", ") + " (from rank 0: " + join(from0, " ") +
+                              "); atomics and signals through MPI: " + (c.atomics_through_mpi() ? "yes" : "no"));
+        ubep_routes.push_back({{"route", variants[v].route},
+                               {"asked", asked},
+                               {"transports", transports},
+                               {"routes_used", route_names(used_by[v])},
+                               {"atomics_through_mpi", c.atomics_through_mpi()}});
+      }
       doc["nodes"] = nodes;
       doc["routes"] = used;
+      doc["ubep_routes"] = ubep_routes;
       doc["atomics_through_mpi"] = ctx.atomics_through_mpi();
       doc["topology_overrides"] = overrides;
       if (root) {
@@ -157,11 +247,9 @@ int run(const Args& a, const Comm& comm) {
             "# ubep MoE dispatch/combine benchmark (ubep_moe_bench): ubep moe::Layer vs MPI baseline "
             "moe::BspLayer\n");
         std::printf("# ubep %s; MPI library: %s\n", UBEP_VERSION_STRING, mpi_library().c_str());
-        std::printf(
-            "# ranks: %d; nodes: %d%s; routes used: %s (from rank 0: %s); atomics and signals through "
-            "MPI: %s\n",
-            ranks, nodes, overrides.empty() ? "" : (" (" + join(overrides, ", ") + ")").c_str(),
-            join(used, ", ").c_str(), join(from0, " ").c_str(), ctx.atomics_through_mpi() ? "yes" : "no");
+        std::printf("# ranks: %d; nodes: %d%s; routes used: %s (by the ubep routes below)\n", ranks, nodes,
+                    overrides.empty() ? "" : (" (" + join(overrides, ", ") + ")").c_str(), join(used, ", ").c_str());
+        for (const std::string& line : route_lines) std::printf("#   %s\n", line.c_str());
         std::printf("# settings (UBEP_HEAP_SIZE, UBEP_SCHEDULE, UBEP_RUN_AHEAD are set per shape below):\n");
         for (const std::string& kv : base.describe()) std::printf("#   %s\n", kv.c_str());
         std::printf(
@@ -184,29 +272,21 @@ int run(const Args& a, const Comm& comm) {
     }
     if (root) {
       if (!note.empty()) std::printf("# %s\n", note.c_str());
-      std::string order;
-      for (std::size_t s = 0; s < layers.size(); ++s) {
+      std::string order;  // the schedules do not depend on the route: those of the first route
+      for (std::size_t s = 0; s < schedules.size(); ++s) {
         std::vector<std::string> peers;
         for (int p : layers[s]->schedule()) peers.push_back(std::to_string(p));
         order += (s ? "; " : "") + schedules[s] + ": " + join(peers, ",");
       }
       std::printf(
-          "# %d tokens/rank: %d iterations + %d warm-up; ubep heap %s per rank and schedule "
+          "# %d tokens/rank: %d iterations + %d warm-up; ubep heap %s per rank and Context "
           "(Layer::heap_bytes %s, run-ahead %u); rank 0 serves peers in order %s\n",
           n, iterations, warmup, mib(heap).c_str(), mib(needed).c_str(), run_ahead, order.c_str());
       std::fflush(stdout);
     }
 
-    // Layers first (their symmetric memory belongs to the contexts), then the contexts, in the same order
-    // on every rank. Also on a failed check, which every rank sees at the same point.
-    auto release = [&] {
-      bsp.reset();
-      layers.clear();
-      for (auto& c : contexts) c->finalize();
-      contexts.clear();
-    };
     try {
-      run_shape(a, comm, cfg, iterations, warmup, schedules, ubep_layers, *bsp, run_ahead, heap, pairs, doc);
+      run_shape(a, comm, cfg, iterations, warmup, variants, ubep_layers, *bsp, run_ahead, heap, pairs, doc);
     } catch (const CheckFailed&) {
       release();
       throw;
@@ -288,8 +368,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"spin", "sleep"}));
   app.add_option("--schedules", a.schedules,
                  "ubep peer schedules to run, a list of linear, shifted, topology (default: UBEP_SCHEDULE, i.e. "
-                 "topology); each gets its own Context")
+                 "topology); each gets its own Context (per route)")
       ->delimiter(',');
+  app.add_option("--routes", a.routes,
+                 "ubep routes to time, a list of default (UBEP_TRANSPORTS as set), mpi, ucx (UBEP_TRANSPORTS forced to "
+                 "self,shm,<route>: that route to every peer off the node); one Context per route and schedule, all "
+                 "beside the one BSP baseline")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::IsMember({"default", "mpi", "ucx"}));
   app.add_option("--run-ahead", a.run_ahead,
                  "ubep buffer sets (calls a rank may run ahead); default UBEP_RUN_AHEAD (2), lowered to 1 for a size "
                  "whose heap exceeds --heap-budget")
@@ -315,6 +402,13 @@ int main(int argc, char** argv) {
       if (!compute->count()) a.compute = {0.0, 1.0};
     }
     if (a.topk > a.experts) throw CLI::ValidationError("--topk", "must not exceed --experts");
+    for (std::size_t i = 0; i < a.routes.size(); ++i) {
+      if (std::find(a.routes.begin(), a.routes.begin() + static_cast<std::ptrdiff_t>(i), a.routes[i]) !=
+          a.routes.begin() + static_cast<std::ptrdiff_t>(i))
+        throw CLI::ValidationError("--routes", a.routes[i] + " is named twice");
+      if (a.routes[i] == "ucx" && !UBEP_HAVE_UCX)
+        throw CLI::ValidationError("--routes", "ucx: this build has no UCX (apt-get install libucx-dev)");
+    }
   } catch (const CLI::ParseError& e) {
     const int rc = world_rank == 0 ? app.exit(e) : e.get_exit_code();
     MPI_Finalize();
@@ -325,6 +419,10 @@ int main(int argc, char** argv) {
   try {
     const Comm comm;
     rc = run(a, comm);
+  } catch (const ubep::bench::moe_bench::Refused& e) {
+    // Every rank refused at once (the routes are agreed on), so the job can end cleanly.
+    if (world_rank == 0) std::fprintf(stderr, "ubep_moe_bench: %s\n", e.what());
+    rc = 2;
   } catch (const CheckFailed& e) {
     // Every rank threw at once (Comm::agree), so the job can end cleanly.
     if (world_rank == 0) std::fprintf(stderr, "ubep_moe_bench: FAILED: %s\n", e.what());

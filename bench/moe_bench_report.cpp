@@ -22,33 +22,35 @@ namespace ubep::bench::moe_bench {
 
 namespace {
 
-const char* kRowFormat = "%8s %7s %5s %8s %6s %8s %8s %9s %-9s %12s %12s %12s %11s\n";
+const char* kRowFormat = "%8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %12s %12s %12s %11s\n";
 
 }  // namespace
 
 void print_columns() {
-  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-9s %12s %12s %12s %11s\n", "# tokens", "hidden", "topk", "experts",
-              "dtype", "routing", "compute", "impl", "schedule", "dispatch_us", "combine_us", "layer_us", "buffer_MiB");
+  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %12s %12s %12s %11s\n", "# tokens", "hidden", "topk",
+              "experts", "dtype", "routing", "compute", "impl", "route", "schedule", "dispatch_us", "combine_us",
+              "layer_us", "buffer_MiB");
 }
 
 void print_row(const Args& a, const Result& r) {
   std::printf(kRowFormat, std::to_string(r.tokens).c_str(), std::to_string(a.hidden).c_str(),
               std::to_string(a.topk).c_str(), std::to_string(a.experts).c_str(), a.dtype.c_str(), r.routing.c_str(),
-              fmt("%.2f", r.compute).c_str(), r.impl.c_str(), r.schedule.c_str(), fmt("%.1f", r.dispatch_us).c_str(),
-              fmt("%.1f", r.combine_us).c_str(), fmt("%.1f", r.layer_us).c_str(),
+              fmt("%.2f", r.compute).c_str(), r.impl.c_str(), r.route.c_str(), r.schedule.c_str(),
+              fmt("%.1f", r.dispatch_us).c_str(), fmt("%.1f", r.combine_us).c_str(), fmt("%.1f", r.layer_us).c_str(),
               fmt("%.1f", static_cast<double>(r.buffer_bytes) / kMiB).c_str());
 }
 
 void print_ratio(const Args& a, const Result& u, const Result& b) {
   std::printf(kRowFormat, std::to_string(u.tokens).c_str(), std::to_string(a.hidden).c_str(),
               std::to_string(a.topk).c_str(), std::to_string(a.experts).c_str(), a.dtype.c_str(), u.routing.c_str(),
-              fmt("%.2f", u.compute).c_str(), "ubep/bsp", u.schedule.c_str(),
+              fmt("%.2f", u.compute).c_str(), "ubep/bsp", u.route.c_str(), u.schedule.c_str(),
               fmt("%.3f", u.dispatch_us / b.dispatch_us).c_str(), fmt("%.3f", u.combine_us / b.combine_us).c_str(),
               fmt("%.3f", u.layer_us / b.layer_us).c_str(), "-");
 }
 
 nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
   return {{"impl", r.impl},
+          {"route", r.route},
           {"schedule", r.schedule},
           {"routing", r.routing},
           {"tokens", r.tokens},
@@ -77,8 +79,8 @@ std::string change(double ratio) {
 }
 
 std::string case_name(const Result& r) {
-  return fmt("%d tokens/rank, %s routing, %.2f us/token compute, schedule %s", r.tokens, r.routing.c_str(), r.compute,
-             r.schedule.c_str());
+  return fmt("%d tokens/rank, %s routing, %.2f us/token compute, route %s, schedule %s", r.tokens, r.routing.c_str(),
+             r.compute, r.route.c_str(), r.schedule.c_str());
 }
 
 }  // namespace
@@ -137,6 +139,21 @@ std::vector<std::string> summarize(const std::vector<std::pair<Result, Result>>&
   if (layer.u)
     lines.push_back(fmt("layer time over the %d cases%s: from ", layer.cases, layer_all ? "" : " with compute") +
                     change(layer.ratio) + " (best) to " + change(layer.worst) + " (worst)");
+  // With several routes (--routes), each one's range of layer time ubep/bsp, over every case and schedule.
+  std::vector<std::string> routes;
+  for (const auto& [u, b] : pairs)
+    if (std::find(routes.begin(), routes.end(), u.route) == routes.end()) routes.push_back(u.route);
+  if (routes.size() > 1) {
+    for (const std::string& route : routes) {
+      const Best r = best_of([&route](const Result& x) { return x.route == route; });
+      lines.push_back(
+          fmt("route %s: layer time ubep/bsp from %.3f (best) to %.3f (worst) over its %d cases and "
+              "schedules",
+              route.c_str(), r.ratio, r.worst, r.cases));
+      out["per_route"][route] = {
+          {"best_ratio", r.ratio}, {"worst_ratio", r.worst}, {"cases", r.cases}, {"best_case", case_name(*r.u)}};
+    }
+  }
   lines.push_back(
       "(dispatch+combine latency = layer_us of the cases without expert compute; layer time = layer_us with the "
       "synthetic expert compute; reductions are 1 - ubep/bsp of medians measured in the same job)");

@@ -2,7 +2,8 @@
 """Plots, or checks, the JSON output of ubep_moe_bench (the MoE dispatch/combine benchmark).
 
 Plot: dispatch+combine latency against tokens per rank, one line per implementation (ubep once per
-schedule), one panel per routing (uniform, skewed), and below each the ratio ubep/bsp.
+schedule, and per route when the run has several), one panel per routing (uniform, skewed), and below
+each the ratio ubep/bsp.
   mpirun -np 4 ./build/bench/ubep_moe_bench --tokens 32,64,128,256,512,1024,2048 --json moe.json
   /usr/bin/python3 bench/moe_plot.py moe.json -o moe.png [--metric layer] [--compute 0]
 "dispatch+combine latency" is layer_us of the cases without expert compute (the whole call, end to end);
@@ -11,12 +12,14 @@ matplotlib (Debian: python3-matplotlib; call /usr/bin/python3 if a pyenv python3
 
 Check (the bench-smoke tests; needs no matplotlib):
   moe_plot.py --check [--ranks 4] [--schedules linear,shifted,topology] [--routes mpi] [--nodes 2]
-              -- mpirun -np 4 ./ubep_moe_bench --quick ...
+              [--ubep-routes mpi,ucx] -- mpirun -np 4 ./ubep_moe_bench --quick ...
 runs the command with `--json FILE` appended and fails (exit 1) unless it exits 0, prints the header, one
 row per record plus the ubep/bsp ratio rows and the summary, and the JSON has, for every combination of
-tokens x routing x compute, exactly one bsp record and one ubep record per schedule, with positive finite
-latencies and buffer sizes; --routes/--nodes compare the routes used and the node count. It then draws
-the plot into a temporary file when matplotlib is available.
+tokens x routing x compute, exactly one bsp record and one ubep record per route and schedule, with
+positive finite latencies and buffer sizes; --routes/--nodes compare the routes used (by any rank, over
+all ubep routes) and the node count, --ubep-routes the routes ubep was timed over (the record labels, and
+one summary line each when there are several). It then draws the plot into a temporary file when
+matplotlib is available.
 """
 import argparse
 import json
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-FIELDS = ("impl", "schedule", "routing", "tokens", "hidden", "topk", "experts", "ranks", "dtype",
+FIELDS = ("impl", "route", "schedule", "routing", "tokens", "hidden", "topk", "experts", "ranks", "dtype",
           "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes")
 METRICS = {
     "layer": ("layer_us", "dispatch + combine latency (us)"),
@@ -49,8 +52,14 @@ def value(rec, metric):
     return rec["dispatch_us"] + rec["combine_us"] if key is None else rec[key]
 
 
-def label(rec):
-    return "bsp (MPI_Alltoallv)" if rec["impl"] == "bsp" else f"ubep ({rec['schedule']})"
+def label(rec, routes):
+    if rec["impl"] == "bsp":
+        return "bsp (MPI_Alltoallv)"
+    return f"ubep ({rec['route']}, {rec['schedule']})" if len(routes) > 1 else f"ubep ({rec['schedule']})"
+
+
+def ubep_routes(results):
+    return sorted({r["route"] for r in results if r["impl"] == "ubep"})
 
 
 def plot(doc, output, metric, compute, title):
@@ -76,10 +85,11 @@ def plot(doc, output, metric, compute, title):
     for col, routing in enumerate(routings):
         ax, rax = axes[0][col], axes[1][col]
         recs = [r for r in results if r["routing"] == routing]
-        lines = sorted({label(r) for r in recs}, key=lambda s: (not s.startswith("bsp"), s))
+        routes = ubep_routes(results)
+        lines = sorted({label(r, routes) for r in recs}, key=lambda s: (not s.startswith("bsp"), s))
         bsp = {r["tokens"]: value(r, metric) for r in recs if r["impl"] == "bsp"}
         for name in lines:
-            pts = sorted((r["tokens"], value(r, metric)) for r in recs if label(r) == name)
+            pts = sorted((r["tokens"], value(r, metric)) for r in recs if label(r, routes) == name)
             style = {"linestyle": "--", "color": "black"} if name.startswith("bsp") else {}
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, **style)
             if not name.startswith("bsp"):
@@ -173,6 +183,11 @@ def check_doc(doc, args):
     computes = {c[2] for c in cases}
     if len(cases) != len(tokens) * len(routings) * len(computes):
         fail(f"cases {cases} are not every combination of tokens x routing x compute")
+    routes = ubep_routes(results)
+    if args.ubep_routes is not None and routes != sorted(args.ubep_routes.split(",")):
+        fail(f"ubep was timed over the routes {routes}, expected {sorted(args.ubep_routes.split(','))}")
+    if sorted(r["route"] for r in doc.get("ubep_routes", [])) != routes:
+        fail(f"the JSON's ubep_routes {doc.get('ubep_routes')} do not match the records' routes {routes}")
     schedules = args.schedules.split(",") if args.schedules else None
     for case in cases:
         recs = [r for r in results if keys(r) == case]
@@ -180,11 +195,12 @@ def check_doc(doc, args):
         ubep = [r for r in recs if r["impl"] == "ubep"]
         if len(bsp) != 1:
             fail(f"case {case}: {len(bsp)} bsp records, expected 1")
-        have = sorted(r["schedule"] for r in ubep)
-        if schedules is not None and have != sorted(schedules):
-            fail(f"case {case}: ubep schedules {have}, expected {sorted(schedules)}")
-        if not ubep or len(set(have)) != len(have):
-            fail(f"case {case}: ubep schedules {have}")
+        for route in routes:
+            have = sorted(r["schedule"] for r in ubep if r["route"] == route)
+            if schedules is not None and have != sorted(schedules):
+                fail(f"case {case}, route {route}: ubep schedules {have}, expected {sorted(schedules)}")
+            if not have or len(set(have)) != len(have):
+                fail(f"case {case}, route {route}: ubep schedules {have}")
 
 
 def check_text(text, doc):
@@ -197,14 +213,24 @@ def check_text(text, doc):
             line.startswith("# here:") for line in lines):
         fail("no summary next to the paper's figures")
     rows = [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    if any(len(r) != 14 for r in rows):
+        fail("table rows of an unexpected shape")
     data = [r for r in rows if r[7] in ("ubep", "bsp")]
     ratios = [r for r in rows if r[7] == "ubep/bsp"]
-    if len(rows) != len(data) + len(ratios) or any(len(r) != 13 for r in rows):
+    if len(rows) != len(data) + len(ratios):
         fail("table rows of an unexpected shape")
     if len(data) != len(doc["results"]):
         fail(f"{len(data)} table rows, {len(doc['results'])} JSON records")
+    if sorted((r[7], r[8], r[9]) for r in data) != sorted((r["impl"], r["route"], r["schedule"])
+                                                          for r in doc["results"]):
+        fail("the table's (impl, route, schedule) cells differ from the JSON records'")
     if len(ratios) != sum(1 for r in doc["results"] if r["impl"] == "ubep"):
         fail("not one ubep/bsp ratio row per ubep record")
+    routes = ubep_routes(doc["results"])
+    if len(routes) > 1:
+        for route in routes:
+            if not any(line.startswith(f"# route {route}: layer time ubep/bsp") for line in lines):
+                fail(f"no summary line for route {route}")
 
 
 def main():
@@ -224,6 +250,7 @@ def main():
     p.add_argument("--ranks", type=int, help="--check: expected number of ranks")
     p.add_argument("--nodes", type=int, help="--check: expected number of nodes")
     p.add_argument("--routes", help="--check: expected routes used, e.g. mpi or self,shm")
+    p.add_argument("--ubep-routes", help="--check: expected routes ubep was timed over, e.g. mpi,ucx")
     p.add_argument("--schedules", help="--check: expected ubep schedules, e.g. linear,shifted,topology")
     args = p.parse_args(argv)
     if args.check:

@@ -6,17 +6,21 @@
 #      ubep_put_latency, rank 0 <-> rank 1):
 #        shm          2 ranks on this machine, the default route
 #        mpi/1 node   2 ranks on this machine, UBEP_TRANSPORTS=mpi
-#        mpi/node     2 emulated nodes under one switch
-#        mpi/spine    2 emulated nodes under two switches (the path crosses the spine, shaped)
-#   2. the MoE benchmark, every schedule (linear, shifted, topology) and the BSP baseline in one job:
+#        node         2 emulated nodes under one switch
+#        spine        2 emulated nodes under two switches (the path crosses the spine, shaped)
+#      Between nodes each job times ubep over both off-node routes, mpi and ucx (builds with UCX), one
+#      Context each, beside the same baselines (the benchmarks' default --routes all).
+#   2. the MoE benchmark, every schedule (linear, shifted, topology) and, in builds with UCX, both routes
+#      (--routes mpi,ucx), beside the one BSP baseline in one job:
 #        4 nodes x 1 rank under 2 switches, node links at --rate, the spine at --spine-rate
-#        2 nodes x 2 ranks under one switch, unshaped (shm inside a node, mpi between)
-#   3. bench/multinode_summary.py: latency table per route, MoE ubep/bsp per schedule, and whether the
-#      topology schedule beats the best of the others, with the per-class byte counts that explain it.
+#        2 nodes x 2 ranks under one switch, unshaped (shm inside a node, mpi or ucx between)
+#   3. bench/multinode_summary.py: latency table per route, MoE ubep/bsp per route and schedule, and whether
+#      the topology schedule beats the best of the others, with the per-class byte counts that explain it.
 #
 # usage: bench/multinode.sh [--build DIR] [--out DIR] [--quick] [--rate R] [--spine-rate R2]
 #                           [--mpi openmpi|mpich] [--tokens LIST] [--hidden H] [--iterations N] [--check]
-# --quick: tiny sizes (a smoke run, about a minute); --check: the summary fails (exit 1) when a record is missing.
+# --quick: tiny sizes (a smoke run, about a minute); --check: the summary fails (exit 1) when a record is missing,
+# or when a run across nodes did not time ubep over every route (mpi, and ucx in builds with UCX).
 # Needs root and `ip netns` (emulate.sh exits 77 otherwise, and so does this script). Builds DIR
 # (default build-release, Release) when its benchmarks are missing. Results: DIR/multinode/*.json, *.txt
 # and summary.md (or --out).
@@ -38,7 +42,7 @@ while (($#)); do
     --tokens) TOKENS=${2:?}; shift 2 ;;
     --hidden) HIDDEN=${2:?}; shift 2 ;;
     --iterations) ITERS=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "$ME: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +56,11 @@ if [[ ! -x $BUILD/bench/ubep_moe_bench || ! -x $BUILD/bench/ubep_signal_latency 
 fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.txt
+# The off-node routes this build has: ucx beside mpi when it was built with UCX.
+ROUTES=mpi
+if grep -qs '^#define UBEP_HAVE_UCX 1' "$BUILD/include/ubep/config.hpp"; then
+  ROUTES=mpi,ucx
+fi
 
 EMU=(bash tests/multinode/emulate.sh --mpi "$MPI" --timeout 1200)
 LAT_ARGS=(--min-size 8 --max-size 65536 --iterations 2000 --iterations-large 200 --warmup 200 --warmup-large 20)
@@ -62,6 +71,7 @@ if ((QUICK)); then
   MOE_ARGS=(--schedules linear,shifted,topology --tokens 16 --hidden 512 --routing uniform
             --compute-us-per-token 0 --iterations 5 --warmup 1)
 fi
+MOE_ARGS+=(--routes "$ROUTES")
 if [[ $MPI == mpich ]]; then
   LOCAL=(mpiexec.mpich -n 2)
 else
@@ -101,8 +111,8 @@ run moe_2x2 "${EMU[@]}" --nodes 2 --ranks-per-node 2 -- "$BUILD/bench/ubep_moe_b
 
 {
   echo "# ubep across emulated nodes ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $MPI)"
-  echo "node links --rate $RATE, spine --spine-rate $SPINE_RATE; command: $INVOCATION"
+  echo "node links --rate $RATE, spine --spine-rate $SPINE_RATE; ubep routes between nodes: $ROUTES; command: $INVOCATION"
   echo
-  python3 bench/multinode_summary.py "$OUT" $CHECK
+  python3 bench/multinode_summary.py "$OUT" $CHECK --routes "$ROUTES"
 } >"$OUT/summary.md"
 cat "$OUT/summary.md"

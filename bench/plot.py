@@ -5,8 +5,10 @@ Usage:
   mpirun -np 2 ./ubep_signal_latency --json signal.json
   python3 bench/plot.py signal.json [more.json ...] -o signal.png
 
-Latency files (latency_us) and bandwidth files (bandwidth_mb_s) may not be mixed in one plot. With several
-files, each line is labelled "<impl> (<route>, <file>)". Size 0 cannot sit on a log axis and is left out.
+Latency files (latency_us) and bandwidth files (bandwidth_mb_s) may not be mixed in one plot. One line per
+implementation and route (ubep has one per route when a run timed it over mpi and ucx), labelled
+"<impl> (<route>)", with several files "<impl> (<route>, <file>)". Size 0 cannot sit on a log axis and is
+left out.
 Needs python3-matplotlib (Debian package).
 """
 import argparse
@@ -52,16 +54,15 @@ def main():
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for path, doc in docs:
-        impls = list(dict.fromkeys(r["impl"] for r in doc["results"]))
-        for impl in impls:
+        lines = list(dict.fromkeys((r["impl"], r["route"]) for r in doc["results"]))
+        for impl, route in lines:
             points = sorted(
                 (r["size"], r[metric])
                 for r in doc["results"]
-                if r["impl"] == impl and r.get(metric) is not None and r["size"] > 0
+                if (r["impl"], r["route"]) == (impl, route) and r.get(metric) is not None and r["size"] > 0
             )
             if not points:
                 continue
-            route = next(r["route"] for r in doc["results"] if r["impl"] == impl)
             label = f"{impl} ({route})" if len(docs) == 1 else f"{impl} ({route}, {os.path.basename(path)})"
             ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=label)
     ax.set_xscale("log", base=2)
@@ -69,7 +70,8 @@ def main():
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel(METRICS[metric])
     first = docs[0][1]
-    ax.set_title(args.title or f"{first['benchmark']} (ubep route: {first['route']}, {first['ranks']} ranks)")
+    routes = ", ".join(first.get("routes") or [first["route"]])
+    ax.set_title(args.title or f"{first['benchmark']} (ubep routes: {routes}, {first['ranks']} ranks)")
     ax.grid(True, which="both", linewidth=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()

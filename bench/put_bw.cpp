@@ -17,14 +17,20 @@ int main(int argc, char** argv) {
   spec.default_warmup = 50;
   spec.default_warmup_large = 2;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
-    ubep::Context& ctx = b.ctx();
     const Settings& s = b.settings();
     const bool origin = b.rank() == 0;
-    auto dst = ctx.alloc<std::byte>(s.max_size);
+    // One target buffer per route, each in the heap of the Context that reaches rank 1 by that route.
+    std::vector<ubep::Symmetric<std::byte>> dst;
+    for (const UbepRoute& r : b.routes()) dst.push_back(r.ctx->alloc<std::byte>(s.max_size));
     Buffer src(s.max_size);
     Window allocated(Window::Kind::allocate, s.max_size, b.comm());
     Window created(Window::Kind::create, s.max_size, b.comm());
 
+    std::vector<Column> columns = b.ubep_columns("(MB/s)", "bandwidth_mb_s", 2);
+    const std::size_t mpi = columns.size();
+    columns.push_back({"MPI(MB/s)", "mpi_rma", "mpi", "bandwidth_mb_s", 2});
+    columns.push_back({"MPI_create(MB/s)", "mpi_rma_create", "mpi", "bandwidth_mb_s", 2});
+    std::vector<Ratio> ratios = b.ubep_ratios(columns, {{"ratio", 0, mpi}, {"ubep/create", 0, mpi + 1}});
     b.start({"rank 0 puts `Size` bytes to rank 1, 64 times, then waits for remote completion, every iteration:",
              "  ubep:       64 x ctx.put_nbi(dst, src, Size, 1); ctx.quiet()",
              "  MPI:        64 x MPI_Put(src, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an "
@@ -32,30 +38,32 @@ int main(int argc, char** argv) {
              "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
              "bandwidth in MB/s, 1 MB = 10^6 bytes (as OSU); ratio = ubep / MPI, ubep/create = ubep / MPI_create "
              "(above 1: ubep is faster)"},
-            {{"ubep(MB/s)", "ubep", route_name(ctx.route(1)), "bandwidth_mb_s", 2},
-             {"MPI(MB/s)", "mpi_rma", "mpi", "bandwidth_mb_s", 2},
-             {"MPI_create(MB/s)", "mpi_rma_create", "mpi", "bandwidth_mb_s", 2}},
-            {{"ratio", 0, 1}, {"ubep/create", 0, 2}});
+            columns, ratios);
 
     std::uint32_t seed = 0;
     for (const std::size_t size : s.sizes()) {
       const int n = static_cast<int>(size);
       // Correctness first: one full window, then the target checks its buffer.
-      ++seed;
-      if (!origin) std::memset(dst.data(), 0, size);
-      b.barrier();
-      if (origin) {
-        fill_pattern(src.data(), size, seed);
-        for (int i = 0; i < kWindow; ++i) ctx.put_nbi(dst.data(), src.data(), size, 1);
-        ctx.quiet();
+      for (std::size_t r = 0; r < dst.size(); ++r) {
+        ubep::Context& ctx = *b.routes()[r].ctx;
+        ++seed;
+        if (!origin) std::memset(dst[r].data(), 0, size);
+        b.barrier();
+        if (origin) {
+          fill_pattern(src.data(), size, seed);
+          for (int i = 0; i < kWindow; ++i) ctx.put_nbi(dst[r].data(), src.data(), size, 1);
+          ctx.quiet();
+        }
+        b.barrier();
+        bool ok = true;
+        if (!origin) {
+          ctx.progress();
+          ok = check_pattern(dst[r].data(), size, seed, "ubep put_nbi");
+        }
+        b.agree(ok, "ubep put_nbi (route " + b.routes()[r].name + ") delivered a wrong payload at size " +
+                        std::to_string(size));
       }
-      b.barrier();
       bool ok = true;
-      if (!origin) {
-        ctx.progress();
-        ok = check_pattern(dst.data(), size, seed, "ubep put_nbi");
-      }
-      b.agree(ok, "ubep put_nbi delivered a wrong payload at size " + std::to_string(size));
       for (Window* win : {&allocated, &created}) {
         ++seed;
         if (!origin) {
@@ -78,7 +86,7 @@ int main(int argc, char** argv) {
         b.agree(ok, "MPI_Put delivered a wrong payload at size " + std::to_string(size));
       }
 
-      std::vector<Loop> loops(3, idle_loop());
+      std::vector<Loop> loops(columns.size(), idle_loop());
       if (origin) {
         const auto mpi_window = [&](MPI_Win w) {
           return loop_of([&src, n, w] {
@@ -86,16 +94,20 @@ int main(int argc, char** argv) {
             UBEP_BENCH_MPI(MPI_Win_flush(1, w));
           });
         };
-        loops = {loop_of([&] {
-                   for (int i = 0; i < kWindow; ++i) ctx.put_nbi(dst.data(), src.data(), size, 1);
-                   ctx.quiet();
-                 }),
-                 mpi_window(allocated.get()), mpi_window(created.get())};
+        for (std::size_t r = 0; r < dst.size(); ++r) {
+          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, d = dst[r].data(), &src, size] {
+            for (int i = 0; i < kWindow; ++i) ctx.put_nbi(d, src.data(), size, 1);
+            ctx.quiet();
+          });
+        }
+        loops[mpi] = mpi_window(allocated.get());
+        loops[mpi + 1] = mpi_window(created.get());
       }
       const std::vector<double> t = b.time(size, loops);
       // The median time gives the median bandwidth; bytes per microsecond = 10^6 bytes per second.
-      const auto mb_s = [&](double us) { return static_cast<double>(kWindow) * static_cast<double>(size) / us; };
-      b.row(size, {mb_s(t[0]), mb_s(t[1]), mb_s(t[2])});
+      std::vector<std::optional<double>> mb_s;
+      for (const double us : t) mb_s.push_back(static_cast<double>(kWindow) * static_cast<double>(size) / us);
+      b.row(size, mb_s);
     }
   });
 }

@@ -9,44 +9,52 @@ int main(int argc, char** argv) {
   using namespace ubep::bench;
   Spec spec{"ubep_put_latency", "ubep put + quiet() latency vs MPI_Put + MPI_Win_flush (OSU osu_put_latency)"};
   return run_benchmark(argc, argv, spec, [](Bench& b) {
-    ubep::Context& ctx = b.ctx();
     const Settings& s = b.settings();
     const bool origin = b.rank() == 0;
-    auto dst = ctx.alloc<std::byte>(s.max_size);
+    // One target buffer per route, each in the heap of the Context that reaches rank 1 by that route.
+    std::vector<ubep::Symmetric<std::byte>> dst;
+    for (const UbepRoute& r : b.routes()) dst.push_back(r.ctx->alloc<std::byte>(s.max_size));
     Buffer src(s.max_size);
     Window allocated(Window::Kind::allocate, s.max_size, b.comm());
     Window created(Window::Kind::create, s.max_size, b.comm());
 
+    std::vector<Column> columns = b.ubep_columns("(us)", "latency_us");
+    const std::size_t mpi = columns.size();
+    columns.push_back({"MPI(us)", "mpi_rma", "mpi", "latency_us"});
+    columns.push_back({"MPI_create(us)", "mpi_rma_create", "mpi", "latency_us"});
+    std::vector<Ratio> ratios = b.ubep_ratios(columns, {{"ratio", 0, mpi}, {"ubep/create", 0, mpi + 1}});
     b.start({"rank 0 puts `Size` bytes to rank 1 and waits for remote completion, every iteration:",
              "  ubep:       ctx.put(dst, src, Size, 1); ctx.quiet()",
              "  MPI:        MPI_Put(src, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an MPI_Win_allocate "
              "window (OSU)",
              "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
              "latency in microseconds per iteration; ratio = ubep / MPI, ubep/create = ubep / MPI_create"},
-            {{"ubep(us)", "ubep", route_name(ctx.route(1)), "latency_us"},
-             {"MPI(us)", "mpi_rma", "mpi", "latency_us"},
-             {"MPI_create(us)", "mpi_rma_create", "mpi", "latency_us"}},
-            {{"ratio", 0, 1}, {"ubep/create", 0, 2}});
+            columns, ratios);
 
     std::uint32_t seed = 0;
     for (const std::size_t size : s.sizes()) {
       const int n = static_cast<int>(size);
       // Correctness first: the target's buffer, cleared beforehand, must hold the pattern afterwards.
-      ++seed;
-      if (!origin) std::memset(dst.data(), 0, size);
-      b.barrier();
-      if (origin) {
-        fill_pattern(src.data(), size, seed);
-        ctx.put(dst.data(), src.data(), size, 1);
-        ctx.quiet();
+      for (std::size_t r = 0; r < dst.size(); ++r) {
+        ubep::Context& ctx = *b.routes()[r].ctx;
+        ++seed;
+        if (!origin) std::memset(dst[r].data(), 0, size);
+        b.barrier();
+        if (origin) {
+          fill_pattern(src.data(), size, seed);
+          ctx.put(dst[r].data(), src.data(), size, 1);
+          ctx.quiet();
+        }
+        b.barrier();
+        bool ok = true;
+        if (!origin) {
+          ctx.progress();  // MPI_Win_sync on the mpi route: our own view of the heap catches up
+          ok = check_pattern(dst[r].data(), size, seed, "ubep put");
+        }
+        b.agree(ok, "ubep put (route " + b.routes()[r].name + ") delivered a wrong payload at size " +
+                        std::to_string(size));
       }
-      b.barrier();
       bool ok = true;
-      if (!origin) {
-        ctx.progress();  // MPI_Win_sync on the mpi route: our own view of the heap catches up
-        ok = check_pattern(dst.data(), size, seed, "ubep put");
-      }
-      b.agree(ok, "ubep put delivered a wrong payload at size " + std::to_string(size));
       for (Window* win : {&allocated, &created}) {
         ++seed;
         if (!origin) {
@@ -67,7 +75,7 @@ int main(int argc, char** argv) {
         b.agree(ok, "MPI_Put delivered a wrong payload at size " + std::to_string(size));
       }
 
-      std::vector<Loop> loops(3, idle_loop());
+      std::vector<Loop> loops(columns.size(), idle_loop());
       if (origin) {
         const auto mpi_put = [&](MPI_Win w) {
           return loop_of([&src, n, w] {
@@ -75,14 +83,17 @@ int main(int argc, char** argv) {
             UBEP_BENCH_MPI(MPI_Win_flush(1, w));
           });
         };
-        loops = {loop_of([&] {
-                   ctx.put(dst.data(), src.data(), size, 1);
-                   ctx.quiet();
-                 }),
-                 mpi_put(allocated.get()), mpi_put(created.get())};
+        for (std::size_t r = 0; r < dst.size(); ++r) {
+          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, d = dst[r].data(), &src, size] {
+            ctx.put(d, src.data(), size, 1);
+            ctx.quiet();
+          });
+        }
+        loops[mpi] = mpi_put(allocated.get());
+        loops[mpi + 1] = mpi_put(created.get());
       }
       const std::vector<double> t = b.time(size, loops);
-      b.row(size, {t[0], t[1], t[2]});
+      b.row(size, std::vector<std::optional<double>>(t.begin(), t.end()));
     }
   });
 }

@@ -40,8 +40,8 @@ endfunction()
 # ubep_add_mpi_test(<name> SOURCES ... [NP 2 3 4] [ROUTES default mpi] [TIMEOUT s] [LABELS ...]
 #                   [ENV VAR=value ...] [SUFFIX .tag])
 # Registers <name>.np<N> for the default route and <name>.np<N>.<route> for each forced route (route
-# names are UBEP_TRANSPORTS values; ucx_thread = ucx with UBEP_PROGRESS_THREAD=1). The default ROUTES
-# are default, mpi, and ucx in builds with UCX.
+# names are UBEP_TRANSPORTS values; ucx_thread = ucx with UBEP_PROGRESS_THREAD=1; ucx_rdma = ucx with
+# UBEP_UCX_MODE=rdma). The default ROUTES are default, mpi, and ucx in builds with UCX.
 function(ubep_add_mpi_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT;SUFFIX" "SOURCES;NP;ROUTES;LABELS;ENV" ${ARGN})
   if(NOT ARG_NP)
@@ -68,6 +68,9 @@ function(ubep_add_mpi_test name)
       if(route STREQUAL "ucx_thread")  # every operation over UCX, a progress thread driving the worker
         set(test_name ${test_name}.${route})
         list(APPEND env UBEP_TRANSPORTS=ucx UBEP_PROGRESS_THREAD=1)
+      elseif(route STREQUAL "ucx_rdma")  # every operation over UCX's put, fence and atomics
+        set(test_name ${test_name}.${route})
+        list(APPEND env UBEP_TRANSPORTS=ucx UBEP_UCX_MODE=rdma)
       elseif(NOT route STREQUAL "default")
         set(test_name ${test_name}.${route})
         list(APPEND env UBEP_TRANSPORTS=${route})

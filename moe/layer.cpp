@@ -31,9 +31,14 @@ struct Layer::Impl {
   Symmetric<std::byte> dbuf, cbuf;
   Symmetric<std::uint64_t> dsig, csig, rel;
   std::vector<int> schedule;
-  std::vector<int> peers;                        // 0 .. ranks-1: the writer of csig entry i is rank i
-  std::vector<int> writers;                      // the writer of each dsig entry of a set: its column
-  std::vector<std::byte> staging;                // dispatch regions to mpi-route peers (alive until flushed)
+  std::vector<int> peers;    // 0 .. ranks-1: the writer of csig entry i is rank i
+  std::vector<int> writers;  // the writer of each dsig entry of a set: its column
+  // Dispatch regions to the peers on a network route, packed: mpi one copy (flushed before send()
+  // returns); ucx one copy per buffer set (sent non-blocking; a set's copy is reused S calls later,
+  // after flush_local of each peer, by then long done).
+  std::vector<std::byte> staging;
+  std::size_t stage_bytes = 0;                   // one copy
+  bool ucx = false;                              // some peer on the ucx route
   std::vector<std::vector<std::byte>> out_pool;  // combine staging buffers, reused across calls
   std::size_t region = 0;                        // bytes of one (set, source) region
   std::size_t header = 0;                        // bytes of its header
@@ -46,6 +51,18 @@ namespace {
 
 /// Routes over a network (mpi, ucx): a source packs each peer's region into one message and one signal.
 bool packed(Route r) { return r == Route::mpi || r == Route::ucx; }
+
+/// Sets signal `sig` on pe to `value`, ordered after this rank's data to pe (all the layer needs).
+/// Through MPI: signal_op, deferred and delivered behind one flush for every peer. Otherwise put_signal
+/// without data: a store (load/store atomics) or one message (ucx); signal_op would also flush the data
+/// still in flight to the other ucx peers, since it orders the signal after the puts to every peer.
+void notify(Context& ctx, std::uint64_t* sig, std::uint64_t value, int pe) {
+  if (ctx.atomics_through_mpi()) {
+    ctx.signal_op(sig, value, SignalOp::set, pe);
+  } else {
+    ctx.put_signal(nullptr, nullptr, 0, sig, value, SignalOp::set, pe);
+  }
+}
 constexpr std::uint64_t tag(std::uint64_t call) { return (call + 1) << 32; }
 constexpr std::size_t up64(std::size_t b) { return (b + 63) / 64 * 64; }
 
@@ -106,10 +123,14 @@ Layer::Layer(Context& ctx, const Config& config)
   for (int row = 0; row <= map_.max_local(); ++row) {
     impl_->writers.insert(impl_->writers.end(), impl_->peers.begin(), impl_->peers.end());
   }
-  bool any_mpi = false;
-  for (int d = 0; d < size_; ++d) any_mpi = any_mpi || packed(ctx.route(d));
-  // One call's regions to all mpi-route peers: a header each, and at most M x topk tokens in all.
-  if (any_mpi) impl_->staging.resize(P * g.header + M * config.topk * token_bytes_);
+  bool any_packed = false;
+  for (int d = 0; d < size_; ++d) {
+    any_packed = any_packed || packed(ctx.route(d));
+    impl_->ucx = impl_->ucx || ctx.route(d) == Route::ucx;
+  }
+  // One call's regions to all network-route peers: a header each, and at most M x topk tokens in all.
+  if (any_packed) impl_->stage_bytes = P * g.header + M * config.topk * token_bytes_;
+  impl_->staging.resize(impl_->stage_bytes * (impl_->ucx ? S : 1));
 }
 
 Layer::~Layer() = default;
@@ -139,9 +160,9 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       rows += h.batch_tokens[b].size();
     }
     std::byte* region = m.dbuf.data() + (static_cast<std::size_t>(h.set) * P + rank_) * m.region;
-    // dsig entry (set, row, rank_) on d; signal_op is ordered after every earlier put of ours.
+    // dsig entry (set, row, rank_) on d, ordered after every earlier put of ours to d.
     const auto signal = [&](std::size_t row, std::size_t count) {
-      ctx_.signal_op(&m.dsig[(h.set * (L + 1) + row) * P + rank_], tag(h.call) | count, SignalOp::set, d);
+      notify(ctx_, &m.dsig[(h.set * (L + 1) + row) * P + rank_], tag(h.call) | count, d);
     };
     const std::size_t header_bytes = 2 * static_cast<std::size_t>(local_d) * sizeof(std::uint64_t);
     if (!packed(ctx_.route(d))) {
@@ -159,8 +180,10 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
         signal(le, toks.size());
       }
     } else {
-      // MPI: pack header and tokens into the staging copy of the region, then one put.
-      std::byte* st = m.staging.data() + staged;
+      // mpi, ucx: pack header and tokens into the staging copy of the region, then one put.
+      const bool ucx = ctx_.route(d) == Route::ucx;
+      if (ucx) ctx_.flush_local(d);  // this set's copy, sent S calls ago: d has consumed it, UCX is done
+      std::byte* st = m.staging.data() + (ucx ? h.set * m.stage_bytes : 0) + staged;
       std::memcpy(st, header.data(), header_bytes);
       std::byte* row = st + m.header;
       for (int le = 0; le < local_d; ++le) {
@@ -169,15 +192,16 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
         row += toks.size() * token_bytes_;
       }
       const std::size_t bytes = m.header + rows * token_bytes_;
-      if (ctx_.route(d) == Route::ucx) {
-        // One active message, data and signal; locally complete on return, so the staging is free.
-        ctx_.put_signal(region, st, bytes, &m.dsig[(h.set * (L + 1) + L) * P + rank_], tag(h.call) | rows,
-                        SignalOp::set, d);
+      if (ucx) {
+        // One message (am) or put + signal (rdma), in flight on return: the transfers to every peer
+        // overlap, and the rendezvous of large regions proceed while this rank packs the next.
+        ctx_.put_signal_nbi(region, st, bytes, &m.dsig[(h.set * (L + 1) + L) * P + rank_], tag(h.call) | rows,
+                            SignalOp::set, d);
       } else {
         ctx_.put_nbi(region, st, bytes, d);
-        staged += bytes;
         signal(L, rows);
       }
+      staged += bytes;
     }
   }
   // On the mpi route: one flush per peer (which also frees the staging), then every signal.
@@ -234,10 +258,10 @@ std::optional<int> Layer::next_expert(Handle& h) {
         }
       }
       if (s.num_ready == 0) {
-        // Outputs to mpi-route sources are staged in combine_send: size it now, while every such
+        // Outputs to network-route sources are staged in combine_send: size it now, while every such
         // source's header is here (its one signal covers all our experts) and its set not yet released.
         for (std::size_t src = 0; src < P; ++src) {
-          if (ctx_.route(static_cast<int>(src)) != Route::mpi) continue;
+          if (!packed(ctx_.route(static_cast<int>(src)))) continue;
           const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
           for (int e = 0; e < local; ++e) s.out_bytes += header[2 * e] * out_token_bytes_;
         }
@@ -271,7 +295,7 @@ void Layer::release_if_done(HandleState& s) {
   const std::uint64_t was = m.released;
   while (m.released < calls_ && m.received[m.released % S]) m.received[m.released++ % S] = 0;
   if (m.released == was) return;
-  for (int src = 0; src < size_; ++src) ctx_.signal_op(&m.rel[rank_], m.released, SignalOp::set, src);
+  for (int src = 0; src < size_; ++src) notify(ctx_, &m.rel[rank_], m.released, src);
   ctx_.progress();
 }
 
@@ -294,10 +318,17 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   const std::size_t P = size_, Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
   const int experts = local_experts();
   if (s.out_bytes && s.out_stage.empty()) {
-    // Staging for this call's outputs to mpi-route sources, freed by the flush after the last expert.
+    // Staging for this call's outputs to network-route sources: on mpi freed by the flush after the last
+    // expert; on ucx in flight after it, so a staging copy from the pool is reused only once UCX is done
+    // with its sends (long done: their sources consumed them before they dispatched this call).
     if (!m.out_pool.empty()) {
       s.out_stage.swap(m.out_pool.back());
       m.out_pool.pop_back();
+      if (m.ucx) {
+        for (int src = 0; src < size_; ++src) {
+          if (ctx_.route(src) == Route::ucx) ctx_.flush_local(src);
+        }
+      }
     }
     s.out_stage.resize(s.out_bytes);
     s.out_staged = 0;
@@ -305,12 +336,16 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   // Rows of `outputs` are in source order (regroup order); send each source its block.
   std::vector<std::size_t> first(P + 1, 0);
   for (std::size_t src = 0; src < P; ++src) first[src + 1] = first[src] + s.recv_counts[local * P + src];
+  const bool last = s.num_combined + 1 == experts;
+  // The signal of a source (after the last local expert) that already went with its outputs (ucx).
+  std::vector<std::uint8_t> signalled(P, 0);
+  std::uint64_t* const csig = &m.csig[static_cast<std::size_t>(s.set) * P + rank_];
   for (int src : m.schedule) {
     const std::size_t c = static_cast<std::size_t>(s.recv_counts[local * P + src]);
     if (c == 0) continue;
     std::byte* dest = m.cbuf.data() + (s.set * Mk + s.recv_meta[local * P + src]) * out_token_bytes_;
     const std::byte* rows = outputs.data() + first[src] * out_token_bytes_;
-    if (ctx_.route(src) != Route::mpi) {
+    if (!packed(ctx_.route(src))) {
       ctx_.put(dest, rows, c * out_token_bytes_, src);
     } else {
       if (s.out_staged + c * out_token_bytes_ > s.out_stage.size()) {
@@ -319,7 +354,14 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
       }
       std::byte* st = s.out_stage.data() + s.out_staged;
       std::memcpy(st, rows, c * out_token_bytes_);
-      ctx_.put_nbi(dest, st, c * out_token_bytes_, src);
+      if (last && ctx_.route(src) == Route::ucx) {
+        // The last expert's outputs and the source's signal in one message (the signal lands after them
+        // and after every earlier output of ours to src: one ordered stream).
+        ctx_.put_signal_nbi(dest, st, c * out_token_bytes_, csig, tag(s.call) | 1, SignalOp::set, src);
+        signalled[src] = 1;
+      } else {
+        ctx_.put_nbi(dest, st, c * out_token_bytes_, src);
+      }
       s.out_staged += c * out_token_bytes_;
     }
   }
@@ -329,9 +371,10 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   for (int src : m.schedule) {
     int c = 0;
     for (int le = 0; le < experts; ++le) c += s.recv_counts[le * P + src];
-    if (c) ctx_.signal_op(&m.csig[static_cast<std::size_t>(s.set) * P + rank_], tag(s.call) | 1, SignalOp::set, src);
+    if (c && !signalled[src]) notify(ctx_, csig, tag(s.call) | 1, src);
   }
-  // On the mpi route: one flush per peer with outputs in flight, then the signals; the staging is free.
+  // On the mpi route: one flush per peer with outputs in flight, then the signals; the staging is free
+  // (on ucx its sends may still be in flight: see the reuse above).
   ctx_.progress();
   if (!s.out_stage.empty()) m.out_pool.push_back(std::move(s.out_stage));
 }
@@ -357,6 +400,14 @@ void Layer::combine_recv(Handle& h, std::span<float> out) {
       s,
       m.cbuf.data() + s.set * static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk * out_token_bytes_,
       out);
+  if (m.ucx) {
+    // Our sends of this call (regions, outputs) are non-blocking and a rendezvous moves only while this
+    // rank progresses: return only when UCX is done with them, so that a rank that goes on to compute or
+    // to a plain MPI call never holds back a peer's combine_recv (their sources have them or wait for them).
+    for (int p = 0; p < size_; ++p) {
+      if (ctx_.route(p) == Route::ucx) ctx_.flush_local(p);
+    }
+  }
   finish(s);
 }
 

@@ -215,9 +215,9 @@ void build(State& s, MPI_Comm user_comm) {
   // ping-pong; signal kinds would mix protocols on one word. Unset or unreadable file: 0 / -1.
   s.collective(call, detail::CollKind::create,
                {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0,
-                s.options.progress_thread ? 1 : 0, s.options.mpi_signal_put ? 1 : 0},
+                s.options.progress_thread ? 1 : 0, s.options.mpi_signal_put ? 1 : 0, hash_text(s.options.ucx_mode)},
                {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
-                "UBEP_MPI_SIGNAL=put"});
+                "UBEP_MPI_SIGNAL=put", "hash(UBEP_UCX_MODE)"});
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
   MPI_Comm shared = MPI_COMM_NULL;
@@ -289,7 +289,7 @@ void build(State& s, MPI_Comm user_comm) {
       s.routes[pe] = Route::self;
     } else if (bases[pe] != nullptr && shm_ok) {
       s.routes[pe] = Route::shm;
-    } else if (ucx_ok) {  // named: preferred over mpi (one active message per put_signal)
+    } else if (ucx_ok) {  // preferred over mpi off the node (one message or one put + atomic per put_signal)
       s.routes[pe] = Route::ucx;
       need_ucx = true;
     } else if (mpi_ok) {
@@ -306,8 +306,8 @@ void build(State& s, MPI_Comm user_comm) {
   int ucx_any = need_ucx ? 1 : 0;
   UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(MPI_IN_PLACE, &ucx_any, 1, MPI_INT, MPI_MAX, s.comm));
   if (ucx_any) {
-    s.ucx = std::make_unique<detail::UcxTransport>(s.comm, s.rank, s.size, s.base, s.options.wait_timeout,
-                                                   s.options.poll, s.options.progress_thread);
+    s.ucx = std::make_unique<detail::UcxTransport>(s.comm, s.rank, s.size, s.base, s.heap_size, s.options.ucx_mode,
+                                                   s.options.wait_timeout, s.options.poll, s.options.progress_thread);
   }
 #endif
   // Every rank must agree on whether the world window exists (its creation is collective).
@@ -341,10 +341,17 @@ void build(State& s, MPI_Comm user_comm) {
                          : s.routes[pe] == Route::ucx ? s.ucx.get()
                                                       : s.load_store.get();
   }
-  // CPU atomics and MPI accumulates are not atomic with respect to each other, so atomics and signals
-  // take one path for every peer: load/store when every peer is mapped, UCX when it reaches some peer
-  // (its target applies them with CPU atomics), MPI otherwise.
+  // CPU atomics and MPI accumulates are not atomic with respect to each other, so with MPI atomics and
+  // signals take one path for every peer. UCX's am mode applies them with CPU atomics at the target, so
+  // with UCX the peers this rank maps (self, shm) keep load/store atomics and only the ucx-route peers
+  // go through UCX (in rdma mode on a hardware lane that is the NIC: README says what then holds).
   s.atomics = need_ucx ? s.ucx.get() : need_mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
+  s.atomics_to.assign(s.size, s.atomics);
+  if (need_ucx) {
+    for (int pe = 0; pe < s.size; ++pe) {
+      if (s.routes[pe] != Route::ucx) s.atomics_to[pe] = s.load_store.get();
+    }
+  }
   s.heap = detail::HeapAllocator(0, s.heap_size);
 
   s.topology = detail::gather_topology(s.comm, s.options, vnodes);
@@ -451,7 +458,11 @@ RuntimeInfo Context::info() const {
   out.node_window_model = memory_model(s.node_win);
   out.world_window_model = memory_model(s.world_win);
   out.routes = s.routes;
-  if (s.ucx) out.ucx = s.ucx->describe();
+  if (s.ucx) {
+    out.ucx = s.ucx->describe();
+    out.ucx_peers.resize(s.size);
+    for (int pe = 0; pe < s.size; ++pe) out.ucx_peers[pe] = s.ucx->describe_peer(pe);
+  }
   for (Route r : {Route::self, Route::shm, Route::ucx, Route::mpi}) {
     const bool used = std::find(s.routes.begin(), s.routes.end(), r) != s.routes.end() ||
                       (r == Route::mpi && s.mpi && s.atomics == s.mpi.get()) ||
@@ -575,6 +586,17 @@ void Context::quiet() {
   state_->quiet();
 }
 
+void Context::flush_local(int pe) {
+  State& s = *state_;
+  s.check_alive("flush_local");
+  s.check_pe("flush_local", pe);
+  if (s.routes[pe] == Route::ucx && s.pending_signals.empty()) {
+    s.ucx->flush_local(pe);  // the peers this rank maps complete everything at once
+    return;
+  }
+  flush(pe);
+}
+
 void Context::flush(int pe) {
   State& s = *state_;
   s.check_alive("flush");
@@ -587,32 +609,32 @@ void Context::flush(int pe) {
 
 std::uint64_t Context::atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe) {
   const std::size_t off = state_->prepare_atomic("atomic_fetch_add", dest, pe, detail::AtomicFamily::sum);
-  return state_->atomics->fetch_atomic(detail::AtomicOp::fetch_add, off, value, 0, pe);
+  return state_->fetch_atomic(detail::AtomicOp::fetch_add, off, value, 0, pe);
 }
 
 void Context::atomic_add(std::uint64_t* dest, std::uint64_t value, int pe) {
   const std::size_t off = state_->prepare_atomic("atomic_add", dest, pe, detail::AtomicFamily::sum);
-  state_->atomics->post_atomic(detail::AtomicOp::add, off, value, pe);
+  state_->atomics_of(pe).post_atomic(detail::AtomicOp::add, off, value, pe);
 }
 
 std::uint64_t Context::atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe) {
   const std::size_t off = state_->prepare_atomic("atomic_compare_swap", dest, pe, detail::AtomicFamily::cas);
-  return state_->atomics->fetch_atomic(detail::AtomicOp::compare_swap, off, desired, expected, pe);
+  return state_->fetch_atomic(detail::AtomicOp::compare_swap, off, desired, expected, pe);
 }
 
 std::uint64_t Context::atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe) {
   const std::size_t off = state_->prepare_atomic("atomic_swap", dest, pe, detail::AtomicFamily::replace);
-  return state_->atomics->fetch_atomic(detail::AtomicOp::swap, off, value, 0, pe);
+  return state_->fetch_atomic(detail::AtomicOp::swap, off, value, 0, pe);
 }
 
 std::uint64_t Context::atomic_fetch(const std::uint64_t* dest, int pe) {
   const std::size_t off = state_->prepare_atomic("atomic_fetch", dest, pe, detail::AtomicFamily::any);
-  return state_->atomics->fetch_atomic(detail::AtomicOp::fetch, off, 0, 0, pe);
+  return state_->fetch_atomic(detail::AtomicOp::fetch, off, 0, 0, pe);
 }
 
 void Context::atomic_set(std::uint64_t* dest, std::uint64_t value, int pe) {
   const std::size_t off = state_->prepare_atomic("atomic_set", dest, pe, detail::AtomicFamily::replace);
-  state_->atomics->post_atomic(detail::AtomicOp::set, off, value, pe);
+  state_->atomics_of(pe).post_atomic(detail::AtomicOp::set, off, value, pe);
 }
 
 }  // namespace ubep

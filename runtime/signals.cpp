@@ -40,7 +40,7 @@ void State::issue_pending_signals() {
   // accumulate_ordering, so earlier signals need no flush).
   std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before MPI signals (mixed routes)
   mpi->flush_data();
-  for (const PendingSignal& p : pending_signals) atomics->post_signal(atomic_of(p.op), p.offset, p.value, p.pe);
+  for (const PendingSignal& p : pending_signals) atomics_of(p.pe).post_signal(atomic_of(p.op), p.offset, p.value, p.pe);
   pending_signals.clear();
 }
 
@@ -192,12 +192,13 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
   const std::size_t off = bytes ? s.check_range("put_signal", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal", sig);
   detail::Transport& data = s.data_route(pe);
-  if (&data == s.atomics && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe)) return;
+  detail::Transport& at = s.atomics_of(pe);
+  if (&data == &at && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe, true)) return;
   if (bytes) data.put_nbi(off, src, bytes, pe);
-  if (&data != s.atomics) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
-  s.flush_pending_signals();  // keep signals to one word in program order
+  if (&data != &at) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
+  s.flush_pending_signals();                                              // keep signals to one word in program order
   // post_signal flushes the peer first when data is in flight, which also completes the put locally.
-  s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
+  at.post_signal(detail::atomic_of(op), soff, value, pe);
 }
 
 void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
@@ -207,9 +208,14 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
   s.check_pe("put_signal_nbi", pe);
   const std::size_t off = bytes ? s.check_range("put_signal_nbi", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal_nbi", sig);
-  if (bytes) s.data_route(pe).put_nbi(off, src, bytes, pe);
-  if (s.atomics != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
-    s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
+  detail::Transport& data = s.data_route(pe);
+  detail::Transport& at = s.atomics_of(pe);
+  if (&data == &at && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe, false)) {
+    return;  // ucx: one message; `src` locally complete at quiet() or flush(pe)
+  }
+  if (bytes) data.put_nbi(off, src, bytes, pe);
+  if (&at != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
+    at.post_signal(detail::atomic_of(op), soff, value, pe);
   } else {
     s.pending_signals.push_back({soff, value, op, pe});
   }
@@ -220,8 +226,15 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_alive("signal_op");
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
-  if (s.atomics != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
-    s.atomics->post_signal(detail::atomic_of(op), soff, value, pe);
+  detail::Transport& at = s.atomics_of(pe);
+  // Ordered after this rank's puts to every peer: UCX orders only the stream to one peer, so the data
+  // still in flight to the other ucx peers is flushed first (one round trip for all of them).
+  if (s.ucx) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before a UCX signal
+    s.ucx->order_before_signal(pe);
+  }
+  if (&at != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
+    at.post_signal(detail::atomic_of(op), soff, value, pe);
   } else {
     s.pending_signals.push_back({soff, value, op, pe});
   }

@@ -58,9 +58,19 @@ class State {
   std::vector<Transport*> transport_of;  // per peer, for data
   std::unique_ptr<LoadStoreTransport> load_store;
   std::unique_ptr<MpiRmaTransport> mpi;
-  std::unique_ptr<Transport> ucx;  // transports/ucx/ (UCX builds, UBEP_TRANSPORTS with ucx)
-  Transport* atomics = nullptr;    // one transport for every atomic, so that they stay atomic together
-  bool uses_mpi = false;           // some operation goes through MPI: waits must progress it
+  std::unique_ptr<Transport> ucx;      // transports/ucx/ (UCX builds, UBEP_TRANSPORTS with ucx)
+  Transport* atomics = nullptr;        // the atomics path beyond load/store: mpi, ucx, or load/store when none
+  std::vector<Transport*> atomics_to;  // per peer: the transport of atomics and signals (see Context())
+  Transport& atomics_of(int pe) const { return *atomics_to[pe]; }
+  /// A fetching atomic on pe's atomics path. With UCX in use, one on the load/store path (self, shm)
+  /// also progresses the worker: a rank that spins on a local word (a lock) lets remote messages land.
+  std::uint64_t fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare, int pe) {
+    Transport& at = atomics_of(pe);
+    const std::uint64_t old = at.fetch_atomic(op, offset, operand, compare, pe);
+    if (ucx && &at != ucx.get()) ucx->poll();
+    return old;
+  }
+  bool uses_mpi = false;  // some operation goes through MPI: waits must progress it
 
   // ---- deferred signals of put_signal_nbi / signal_op on the mpi route ----
   struct PendingSignal {

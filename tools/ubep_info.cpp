@@ -64,7 +64,10 @@ int main(int argc, char** argv) {
       j["nodes"] = ctx.topology().num_nodes();
       j["atomics"] = ctx.atomics_through_mpi() ? "mpi" : info.ucx.empty() ? "load/store" : "ucx";
       j["transports"] = info.transports;  // rank 0's
-      if (!info.ucx.empty()) j["ucx"] = info.ucx;
+      if (!info.ucx.empty()) {
+        j["ucx"] = info.ucx;
+        j["ucx_peers"] = info.ucx_peers;  // rank 0's endpoints
+      }
       j["options"] = ctx.options().describe();
       j["routes"] = nlohmann::json::array();
       for (int r = 0; r < n; ++r) {
@@ -87,12 +90,17 @@ int main(int argc, char** argv) {
                   << "# atomics:        "
                   << (ctx.atomics_through_mpi() ? "mpi (some peer is off-node or forced)"
                       : info.ucx.empty()        ? "load/store"
-                                                : "ucx (the target applies them with CPU atomics)")
+                      : info.ucx.find("mode am") != std::string::npos
+                          ? "ucx (am: the target applies them with CPU atomics)"
+                          : "ucx (UCX atomics to rdma-mode ranks, CPU atomics at am-mode targets)")
                   << "\n"
                   << "# transports:    ";
         for (const auto& t : info.transports) std::cout << " " << t;
         std::cout << " (rank 0)\n";
-        if (!info.ucx.empty()) std::cout << "# ucx:            " << info.ucx << "\n";
+        if (!info.ucx.empty()) {
+          std::cout << "# ucx:            " << info.ucx << "\n";
+          for (int pe = 0; pe < n; ++pe) std::cout << "# ucx to rank " << pe << ":  " << info.ucx_peers[pe] << "\n";
+        }
         for (const auto& line : ctx.options().describe()) std::cout << "# " << line << "\n";
         std::cout << "# route table (row = origin rank, column = target rank)\n      ";
         for (int pe = 0; pe < n; ++pe) std::cout << " " << std::setw(4) << pe;

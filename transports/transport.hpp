@@ -46,10 +46,11 @@ class Transport {
     post_atomic(op, offset, operand, pe);
   }
   /// Data, then a signal update, as one operation where the transport can (one message): returns false
-  /// when it cannot, and the caller then uses put_nbi + post_signal. Local completion on return; the
-  /// signal lands after the data, remote completion at flush.
+  /// when it cannot, and the caller then uses put_nbi + post_signal. Local completion on return with
+  /// `wait_local`, else at flush(pe)/flush_all(); the signal lands after the data, remote completion at
+  /// flush.
   virtual bool put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op,
-                               std::size_t sig_offset, std::uint64_t value, int pe) {
+                               std::size_t sig_offset, std::uint64_t value, int pe, bool wait_local) {
     return false;
   }
   /// Orders operations to each peer: those issued before are delivered before those issued after.
@@ -58,6 +59,14 @@ class Transport {
   /// Local and remote completion of everything issued to `pe` (flush_all: to every peer) before it.
   virtual void flush(int pe) = 0;
   virtual void flush_all() = 0;
+  /// Local completion of everything issued to `pe` (sources reusable, get destinations filled), with
+  /// no remote completion where the transport can; by default flush(pe).
+  virtual void flush_local(int pe) { flush(pe); }
+  /// Before a signal to `pe` that must be ordered after this rank's puts to every peer (signal_op): makes
+  /// the puts to other peers remotely complete where the transport would not order them before it.
+  /// A no-op for transports that complete puts at once (load/store) or order them otherwise (mpi defers
+  /// its signals behind a flush of every peer).
+  virtual void order_before_signal(int pe) {}
   /// True when some operation may still be in flight (flush_all would do work).
   virtual bool outstanding() const noexcept = 0;
   /// Lets the transport make progress (run arrived messages, answer peers); the runtime calls it from
@@ -65,6 +74,8 @@ class Transport {
   virtual void poll() {}
   /// The transport and its settings in one line, for ubep-info.
   virtual std::string describe() const { return name(); }
+  /// How this transport reaches `pe` (mode, lanes) in one line, for ubep-info; empty when nothing to say.
+  virtual std::string describe_peer(int pe) const { return {}; }
 };
 
 }  // namespace ubep::detail

@@ -21,12 +21,18 @@
 ///  - self/shm vs mpi: the route of pe (route(pe)). On self/shm a put or get is a memcpy into the mapped
 ///    heap, on mpi it is MPI RMA on the world window. Atomics and signals take one path for every peer:
 ///    "load/store atomics" (CPU atomics) when atomics_through_mpi() is false, "through MPI" otherwise,
-///    for self and shm peers too. The ucx route (opt-in, README "The ucx route") behaves as the notes
-///    say for mpi, except: its atomics and signals are CPU atomics applied by the target (atomic with
-///    load/store atomics, every kind with every other; atomics_through_mpi() is false), signals are
-///    never deferred, fence() costs nothing, and put_signal is one message whose data and signal are
-///    both in flight on return (remote completion at quiet()/flush(pe)). Messages reach a target only
-///    while it runs ubep code or its progress thread.
+///    for self and shm peers too. The ucx route (the default off the node in builds with UCX; README
+///    "The ucx route") behaves as the notes say for mpi, except:
+///     - atomics and signals take the ucx path for every peer when some peer is on ucx: in am mode CPU
+///       atomics applied by the target (atomic with load/store atomics, every kind with every other;
+///       atomics_through_mpi() is false), in rdma mode UCX's atomics (atomic with each other);
+///     - signals are never deferred, and fence() costs nothing in am mode (one ucp_worker_fence in rdma);
+///     - put_signal and put_signal_nbi are one message in am mode (a put, a fence and the signal in
+///       rdma), in flight on return: remote completion of data and signal at quiet()/flush(pe);
+///       put_signal returns with `src` reusable, put_signal_nbi at once (`src` reusable after quiet() or
+///       flush(pe)), like put_nbi;
+///     - messages reach a target only while it runs ubep code or its progress thread (rdma mode on a
+///       hardware lane needs no target CPU).
 ///  - Deferred signals: through MPI, put_signal_nbi and signal_op only record their signal. This rank's
 ///    next quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic "delivers" them: one
 ///    MPI_Win_flush per peer with data in flight, then every recorded signal (alloc, free, barrier and
@@ -93,9 +99,13 @@ struct RuntimeInfo {
   /// The transports this rank uses, cheapest first: names of the routes in `routes`, plus "mpi" when the
   /// atomics go through MPI.
   std::vector<std::string> transports;
-  /// The UCX library and mode when the ucx route is in use ("UCX 1.13.1, mode am (active messages)"),
-  /// empty otherwise.
+  /// The UCX library and mode when UCX is in use ("UCX 1.13.1, mode am (active messages)"), empty
+  /// otherwise.
   std::string ucx;
+  /// When UCX is in use, per pe: the mode UCX reaches it with, why, and the endpoint's lanes as UCX
+  /// reports them, e.g. "am (auto: no lane has hardware RMA and atomics); lanes tcp/eth0.0[rma_bw am
+  /// am_bw wireup]". Empty otherwise. (UCX reaches every peer when the atomics go through it.)
+  std::vector<std::string> ucx_peers;
 };
 
 /// The runtime for one communicator. Move-only; collective to create and to finalize.
@@ -253,6 +263,15 @@ class Context {
   /// most UBEP_WAIT_TIMEOUT each; free when nothing is outstanding to pe and no signal is deferred.
   /// Communicates: with pe; with other peers only to deliver deferred signals.
   void flush(int pe);
+  /// Local completion of every operation to `pe` (like MPI_Win_flush_local): the sources of earlier
+  /// put_nbi/put_signal_nbi to pe may be reused, the destinations of get_nbi from pe hold their data.
+  /// Where a transport cannot complete operations locally alone it flushes (mpi: as flush(pe)).
+  /// @note Local completion: on return, for every operation to pe issued before it. Remote completion: ucx
+  /// none of its own (no round trip: it waits for UCX to be done with the sources); mpi and self/shm as
+  /// flush(pe). Blocks: ucx until UCX is done with those sources (a rendezvous needs pe to progress), mpi
+  /// as flush(pe), at most UBEP_WAIT_TIMEOUT; free when nothing is in flight to pe. Communicates: ucx no
+  /// message of its own; mpi as flush(pe).
+  void flush_local(int pe);
 
   // ---- atomics on 64-bit words (8-byte aligned symmetric addresses) -----------------------------------
   // Atomicity (README "Atomics"): with load/store atomics (atomics_through_mpi() false) all kinds are
@@ -310,7 +329,7 @@ class Context {
                   int pe);
   /// Non-blocking put_signal: through MPI the signal is deferred and delivered after one flush that
   /// covers all data puts (batching); any rank that observes it also sees the data of this call.
-  /// @note Local completion: on return, except `src` for a pe on the mpi route: at the next quiet() or
+  /// @note Local completion: on return, except `src` for a pe on the mpi or ucx route: at the next quiet() or
   /// flush(pe). Remote completion: with load/store atomics data and signal on return; through MPI the data on
   /// the self/shm routes on return, the mpi route's data when the signal is delivered (this rank's next
   /// quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic), the signal at the next

@@ -33,9 +33,18 @@ struct Options {
   std::chrono::duration<double> wait_timeout{300.0};
   /// UBEP_POLL: the polling policy of every wait; see PollPolicy::parse.
   PollPolicy poll{};
-  /// UBEP_TRANSPORTS (collective): the transports the route table may use, cheapest first among
-  /// self, shm, mpi. Default "self,shm,mpi". "mpi" alone sends every operation, to self too, through MPI RMA.
-  std::vector<std::string> transports{"self", "shm", "mpi"};
+  /// UBEP_TRANSPORTS (collective): the transports the route table may use among self, shm, ucx, mpi.
+  /// Each peer gets the first of self (this rank), shm (same node), then ucx, then mpi that reaches it:
+  /// ucx is preferred over mpi off the node whenever it is named. Default "self,shm,ucx,mpi" in builds
+  /// with UCX (default_transports()), "self,shm,mpi" otherwise. "mpi" alone sends every operation, to
+  /// self too, through MPI RMA; "ucx" alone, through UCX; "self,shm,mpi" forces MPI RMA off the node.
+  std::vector<std::string> transports = default_transports();
+  /// UBEP_UCX_MODE (collective): how the ucx route moves data to each peer. "auto" (default): rdma where
+  /// the endpoint has one lane with hardware RMA and atomics (InfiniBand/RoCE rc, dc), am elsewhere
+  /// (TCP, shared memory); "am": active messages to every peer; "rdma": put, fence and atomics to every
+  /// peer (where UCX has no hardware lane for them it emulates them in software, which needs the
+  /// target's progress and is slower than am: for testing). See README, "The ucx route".
+  std::string ucx_mode = "auto";
   /// UBEP_PROGRESS_THREAD: 1 starts a thread that calls into MPI while the application computes, so
   /// RMA aimed at this rank keeps completing. Needs MPI_THREAD_MULTIPLE. Default 0.
   bool progress_thread = false;
@@ -43,8 +52,8 @@ struct Options {
   std::uint32_t progress_interval_us = 50;
   /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.
   /// "N" = N nodes of consecutive ranks; "0,1|2,3" = explicit rank lists per node. Empty = off.
-  /// Ranks on different emulated nodes use the mpi route and see "node" or farther distances; every
-  /// output that depends on it says that it is emulated.
+  /// Ranks on different emulated nodes use the off-node route (ucx in builds with UCX, else mpi) and see
+  /// "node" or farther distances; every output that depends on it says that it is emulated.
   std::string virtual_nodes;
   /// UBEP_SCHEDULE: order of peers in all-to-all traffic: linear, shifted or topology (default).
   std::string schedule = "topology";
@@ -67,6 +76,8 @@ struct Options {
   /// host). "off": none (every call inline, unbounded).
   std::string mpi_bounded = "auto";
 
+  /// The transports of a default Options: "self,shm,ucx,mpi" in builds with UCX, else "self,shm,mpi".
+  static std::vector<std::string> default_transports();
   /// Reads every UBEP_* variable once. Throws Errc::invalid_argument naming the variable and the value
   /// when one cannot be parsed.
   static Options from_env();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -43,7 +44,10 @@ TEST(EmulatedNodes, TopologyAndRoutesSeeRealHosts) {
       if (node(a) != node(b)) want = switches >= 2 && sw(a) == sw(b) ? Distance::switch_ : Distance::system;
       EXPECT_EQ(topo.distance(a, b), want);
     }
-    const Route want = a == ctx.rank() ? Route::self : node(a) == node(ctx.rank()) ? Route::shm : Route::mpi;
+    // Off the node: the first of ucx, mpi that the options name (ucx in builds with UCX, by default).
+    const auto& t = ctx.options().transports;
+    const Route off = std::find(t.begin(), t.end(), "ucx") != t.end() && UBEP_HAVE_UCX ? Route::ucx : Route::mpi;
+    const Route want = a == ctx.rank() ? Route::self : node(a) == node(ctx.rank()) ? Route::shm : off;
     EXPECT_EQ(ctx.route(a), want) << "route to rank " << a;
   }
   // What `ubep-info --topology` prints from the same Topology.

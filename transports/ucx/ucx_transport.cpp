@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "base/log.hpp"
 #include "base/mpi_check.hpp"
@@ -62,17 +65,59 @@ void ep_error(void*, ucp_ep_h, ucs_status_t) {}  // a peer that closed first: no
 
 ucs_status_t request_status(void* req) { return req ? ucp_request_check_status(req) : UCS_OK; }
 
+/// The lanes of an endpoint as ucp_ep_print_info reports them, one "tcp/eth0.0[rma_bw am am_bw]" each
+/// (the transport/device, then the roles: rma, rma_bw, amo, am, am_bw, wireup); and whether one lane
+/// carries both RMA and atomics (what the rdma mode needs in hardware).
+struct Lanes {
+  std::vector<std::string> lanes;
+  bool rma_and_amo = false;
+};
+
+Lanes lanes_of(ucp_ep_h ep) {
+  Lanes out;
+  char* text = nullptr;
+  std::size_t len = 0;
+  FILE* f = open_memstream(&text, &len);
+  if (!f) return out;
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::istringstream in(std::string(text, len));
+  std::free(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("lane[");
+    if (at == std::string::npos) continue;
+    std::istringstream words(line.substr(line.find(':', at) + 1));
+    std::string word, device, roles;
+    bool rma = false, amo = false;
+    // "0:tcp/mpi0.0 md[1] -> md[1]/tcp/sysdev[255] rma_bw#0 am am_bw#0 wireup"
+    for (int i = 0; words >> word; ++i) {
+      if (i == 0) {
+        device = word.substr(word.find(':') + 1);
+        continue;
+      }
+      if (word.rfind("md[", 0) == 0 || word == "->") continue;
+      const std::string role = word.substr(0, word.find('#'));
+      rma = rma || role == "rma" || role == "rma_bw";
+      amo = amo || role == "amo";
+      roles += (roles.empty() ? "" : " ") + role;
+    }
+    out.lanes.push_back(device + "[" + roles + "]");
+    out.rma_and_amo = out.rma_and_amo || (rma && amo);
+  }
+  return out;
+}
+
 }  // namespace
 
-UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::chrono::duration<double> timeout,
-                           const PollPolicy& poll, bool threaded)
+UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::size_t heap_bytes,
+                           const std::string& mode, std::chrono::duration<double> timeout, const PollPolicy& poll,
+                           bool threaded)
     : rank_(rank), threaded_(threaded), base_(base), timeout_(timeout), poll_(poll) {
-  const char* call = "Context (ucx)";
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) fail("ucp_config_read", st);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM;
+  params.features = UCP_FEATURE_AM | (mode == "am" ? 0 : UCP_FEATURE_RMA | UCP_FEATURE_AMO64);
   const ucs_status_t st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) fail("ucp_init", st);
@@ -96,17 +141,8 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   std::size_t addr_len = 0;
   if (ucs_status_t s = ucp_worker_get_address(worker_, &addr, &addr_len); s != UCS_OK)
     fail("ucp_worker_get_address", s);
-  int my_len = static_cast<int>(addr_len);
-  std::vector<int> lens(nranks), displs(nranks);
-  UBEP_MPI_CHECK(rank_, call, MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
-  int total = 0;
-  for (int i = 0; i < nranks; ++i) {
-    displs[i] = total;
-    total += lens[i];
-  }
-  std::vector<char> all(static_cast<std::size_t>(total));
-  UBEP_MPI_CHECK(rank_, call,
-                 MPI_Allgatherv(addr, my_len, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, comm));
+  std::vector<int> displs;
+  const std::vector<char> all = allgather(comm, addr, addr_len, displs);
   ucp_worker_release_address(worker_, addr);
 
   eps_.assign(nranks, nullptr);
@@ -123,15 +159,88 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   backlog_.resize(nranks);
   gets_in_flight_.assign(nranks, 0);
   dirty_.assign(nranks, 0);
+  rdma_.assign(nranks, 0);
+  data_dirty_.assign(nranks, 0);
   // Wire-up: one answered request to every peer, so that every endpoint is connected before use (and
   // each rank answers the others' requests while it waits for its own answers).
   for (int pe = 0; pe < nranks; ++pe) mark(pe);
   flush_all();
+  if (mode != "am") map_heap(comm, heap_bytes);
+  choose_modes(mode);
+}
+
+std::vector<char> UcxTransport::allgather(MPI_Comm comm, const void* mine, std::size_t bytes,
+                                          std::vector<int>& displs) const {
+  const char* call = "Context (ucx)";
+  int nranks = 0;
+  MPI_Comm_size(comm, &nranks);
+  int my_len = static_cast<int>(bytes);
+  std::vector<int> lens(nranks);
+  displs.assign(nranks, 0);
+  UBEP_MPI_CHECK(rank_, call, MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  int total = 0;
+  for (int i = 0; i < nranks; ++i) {
+    displs[i] = total;
+    total += lens[i];
+  }
+  std::vector<char> all(static_cast<std::size_t>(total));
+  UBEP_MPI_CHECK(rank_, call,
+                 MPI_Allgatherv(mine, my_len, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, comm));
+  return all;
+}
+
+void UcxTransport::map_heap(MPI_Comm comm, std::size_t heap_bytes) {
+  const char* call = "Context (ucx)";
+  const int nranks = static_cast<int>(eps_.size());
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = base_;
+  mp.length = heap_bytes;
+  if (ucs_status_t st = ucp_mem_map(context_, &mp, &mem_); st != UCS_OK) fail("ucp_mem_map (the heap)", st);
+  void* packed = nullptr;
+  std::size_t packed_len = 0;
+  if (ucs_status_t st = ucp_rkey_pack(context_, mem_, &packed, &packed_len); st != UCS_OK) fail("ucp_rkey_pack", st);
+  std::vector<int> displs;
+  std::vector<char> all = allgather(comm, packed, packed_len, displs);
+  ucp_rkey_buffer_release(packed);
+  const std::uint64_t mine = reinterpret_cast<std::uintptr_t>(base_);
+  remote_base_.assign(nranks, 0);
+  UBEP_MPI_CHECK(rank_, call, MPI_Allgather(&mine, 1, MPI_UINT64_T, remote_base_.data(), 1, MPI_UINT64_T, comm));
+  rkeys_.assign(nranks, nullptr);
+  for (int pe = 0; pe < nranks; ++pe) {
+    if (ucs_status_t st = ucp_ep_rkey_unpack(eps_[pe], all.data() + displs[pe], &rkeys_[pe]); st != UCS_OK)
+      fail("ucp_ep_rkey_unpack", st);
+  }
+}
+
+void UcxTransport::choose_modes(const std::string& mode) {
+  const int nranks = static_cast<int>(eps_.size());
+  lanes_.assign(nranks, "");
+  why_.assign(nranks, "");
+  for (int pe = 0; pe < nranks; ++pe) {
+    const Lanes l = lanes_of(eps_[pe]);
+    for (const std::string& lane : l.lanes) lanes_[pe] += (lanes_[pe].empty() ? "" : "; ") + lane;
+    if (mode == "am") {
+      why_[pe] = "UBEP_UCX_MODE=am";
+    } else if (mode == "rdma") {
+      rdma_[pe] = 1;
+      why_[pe] = l.rma_and_amo ? "UBEP_UCX_MODE=rdma"
+                               : "UBEP_UCX_MODE=rdma; no lane has hardware RMA and atomics, UCX emulates them";
+    } else {
+      rdma_[pe] = l.rma_and_amo ? 1 : 0;
+      why_[pe] =
+          l.rma_and_amo ? "auto: one lane has hardware RMA and atomics" : "auto: no lane has hardware RMA and atomics";
+    }
+    any_rdma_ = any_rdma_ || rdma_[pe];
+  }
 }
 
 UcxTransport::~UcxTransport() {
   for (Send& s : sends_) {
     if (s.req) ucp_request_cancel(worker_, s.req);
+  }
+  for (ucp_rkey_h k : rkeys_) {
+    if (k) ucp_rkey_destroy(k);
   }
   for (ucp_ep_h ep : eps_) {
     if (!ep) continue;
@@ -148,6 +257,7 @@ UcxTransport::~UcxTransport() {
     if (s.req) ucp_request_free(s.req);
   }
   if (worker_) ucp_worker_destroy(worker_);
+  if (mem_) ucp_mem_unmap(context_, mem_);
   if (context_) ucp_cleanup(context_);
 }
 
@@ -173,22 +283,28 @@ void UcxTransport::send(int pe, const Msg& hdr, const void* buf, std::size_t byt
   sends_.push_back(Send{hdr, nullptr, pe});
   Send& s = sends_.back();
   ucp_request_param_t p{};
-  void* req = ucp_am_send_nbx(eps_[pe], kAmId, &s.hdr, sizeof s.hdr, buf, bytes, &p);
+  track(s, ucp_am_send_nbx(eps_[pe], kAmId, &s.hdr, sizeof s.hdr, buf, bytes, &p), wait_local, what);
+}
+
+std::uint64_t UcxTransport::track(Send& s, void* req, bool wait_local, const char* what) {
+  const int pe = s.pe;
   if (UCS_PTR_IS_ERR(req)) {
     sends_.pop_back();
-    throw Error(Errc::internal, message_prefix(rank_, what) + "ucp_am_send_nbx to rank " + std::to_string(pe) +
-                                    " failed: " + ucs_status_string(UCS_PTR_STATUS(req)));
+    throw Error(Errc::internal, message_prefix(rank_, what) + "an operation to rank " + std::to_string(pe) +
+                                    " failed at once: " + ucs_status_string(UCS_PTR_STATUS(req)));
   }
-  if (!req) {
+  if (!req) {  // completed in the call
+    const std::uint64_t reply = s.reply;
     sends_.pop_back();
-    return;
+    return reply;
   }
   s.req = req;
-  if (!wait_local) return;
+  if (!wait_local) return 0;
   // This entry is the waiter's: reap_sends() (inside progress) leaves it alone.
   s.held = true;
   wait(what, pe, [&s] { return ucp_request_check_status(s.req) != UCS_INPROGRESS; });
   const ucs_status_t st = ucp_request_check_status(s.req);
+  const std::uint64_t reply = s.reply;
   ucp_request_free(s.req);
   for (auto it = sends_.begin(); it != sends_.end(); ++it) {
     if (&*it == &s) {
@@ -197,9 +313,76 @@ void UcxTransport::send(int pe, const Msg& hdr, const void* buf, std::size_t byt
     }
   }
   if (st != UCS_OK) {
-    throw Error(Errc::internal, message_prefix(rank_, what) + "a message to rank " + std::to_string(pe) +
+    throw Error(Errc::internal, message_prefix(rank_, what) + "an operation to rank " + std::to_string(pe) +
                                     " failed: " + ucs_status_string(st));
   }
+  return reply;
+}
+
+void UcxTransport::rdma_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local,
+                            const char* what) {
+  sends_.push_back(Send{Msg{}, nullptr, pe});
+  ucp_request_param_t p{};
+  track(sends_.back(), ucp_put_nbx(eps_[pe], src, bytes, remote_base_[pe] + offset, rkeys_[pe], &p), wait_local, what);
+}
+
+void UcxTransport::rdma_get(void* dst, std::size_t offset, std::size_t bytes, int pe, bool wait, const char* what) {
+  sends_.push_back(Send{Msg{}, nullptr, pe});
+  ucp_request_param_t p{};
+  track(sends_.back(), ucp_get_nbx(eps_[pe], dst, bytes, remote_base_[pe] + offset, rkeys_[pe], &p), wait, what);
+}
+
+std::uint64_t UcxTransport::rdma_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
+                                        int pe, bool fetching, const char* what) {
+  ucp_worker_fence(worker_);  // release: after every earlier operation of this rank
+  sends_.push_back(Send{Msg{}, nullptr, pe});
+  Send& s = sends_.back();
+  s.operand = operand;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_contig(sizeof(std::uint64_t));
+  ucp_atomic_op_t uop = UCP_ATOMIC_OP_ADD;
+  bool reply = true;
+  switch (op) {
+    case AtomicOp::fetch_add: break;
+    case AtomicOp::add: reply = false; break;
+    case AtomicOp::swap:
+    case AtomicOp::set: uop = UCP_ATOMIC_OP_SWAP; break;  // UCP has no non-fetching set: a swap, reply unused
+    case AtomicOp::compare_swap:  // buffer = the compare value, reply buffer = the new one, then the old one
+      uop = UCP_ATOMIC_OP_CSWAP;
+      s.operand = compare;
+      s.reply = operand;
+      break;
+    case AtomicOp::fetch:
+      uop = UCP_ATOMIC_OP_OR;
+      s.operand = 0;
+      break;
+  }
+  if (reply) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+    p.reply_buffer = &s.reply;
+  }
+  return track(s, ucp_atomic_op_nbx(eps_[pe], uop, &s.operand, 1, remote_base_[pe] + offset, rkeys_[pe], &p), fetching,
+               what);
+}
+
+void UcxTransport::rdma_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
+  mark(pe);
+  if (op == AtomicOp::add) {
+    rdma_atomic(op, offset, operand, 0, pe, false, "put_signal");
+    return;
+  }
+  ucp_worker_fence(worker_);
+  sends_.push_back(Send{Msg{}, nullptr, pe});
+  Send& s = sends_.back();
+  s.operand = operand;
+  ucp_request_param_t p{};
+  track(s, ucp_put_nbx(eps_[pe], &s.operand, sizeof s.operand, remote_base_[pe] + offset, rkeys_[pe], &p), false,
+        "put_signal");
+}
+
+void UcxTransport::fence() {
+  if (any_rdma_) ucp_worker_fence(worker_);  // am: one ordered stream per peer already
 }
 
 void UcxTransport::reap_sends() {
@@ -254,10 +437,12 @@ void UcxTransport::put_nbi(std::size_t offset, const void* src, std::size_t byte
 void UcxTransport::send_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local,
                             const char* what) {
   const auto lock = guard();
+  mark(pe);
+  data_dirty_[pe] = 1;
+  if (rdma_[pe]) return rdma_put(offset, src, bytes, pe, wait_local, what);
   Msg m = header(put_data);
   m.offset = offset;
   m.bytes = bytes;
-  mark(pe);
   send(pe, m, src, bytes, wait_local, what);
 }
 
@@ -272,6 +457,7 @@ std::uint64_t UcxTransport::expect(void* dst, std::size_t bytes, int pe) {
 
 void UcxTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe) {
   const auto lock = guard();
+  if (rdma_[pe]) return rdma_get(dst, offset, bytes, pe, true, "get");
   get_nbi(dst, offset, bytes, pe);
   const std::uint64_t token = next_token_ - 1;
   pending_.at(token).keep = true;  // erased here, not by the answer
@@ -281,25 +467,27 @@ void UcxTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe)
 
 void UcxTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) {
   const auto lock = guard();
+  mark(pe);
+  if (rdma_[pe]) return rdma_get(dst, offset, bytes, pe, false, "get_nbi");
   Msg m = header(get_req);
   m.offset = offset;
   m.bytes = bytes;
   m.token = expect(dst, bytes, pe);
   ++gets_in_flight_[pe];
-  mark(pe);
   send(pe, m, nullptr, 0, false, "get_nbi");
 }
 
 std::uint64_t UcxTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
                                          int pe) {
   const auto lock = guard();
+  mark(pe);
+  if (rdma_[pe]) return rdma_atomic(op, offset, operand, compare, pe, true, "atomic");
   Msg m = header(fetch_req);
   m.op = static_cast<std::uint8_t>(op);
   m.offset = offset;
   m.value = operand;
   m.compare = compare;
   m.token = expect(nullptr, 0, pe);
-  mark(pe);
   send(pe, m, nullptr, 0, false, "atomic");
   const std::uint64_t token = m.token;
   wait("atomic", pe, [&] { return pending_.at(token).done; });
@@ -310,16 +498,27 @@ std::uint64_t UcxTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::u
 
 void UcxTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   const auto lock = guard();
+  mark(pe);
+  if (rdma_[pe]) {
+    rdma_atomic(op, offset, operand, 0, pe, false, "atomic");
+    return;
+  }
   Msg m = header(atomic_post);
   m.op = static_cast<std::uint8_t>(op);
   m.offset = offset;
   m.value = operand;
-  mark(pe);
   send(pe, m, nullptr, 0, false, "atomic");
 }
 
 void UcxTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   const auto lock = guard();
+  if (rdma_[pe]) {
+    // The data's local completion first (put_signal returns with its source reusable), then the signal
+    // behind a fence. A set is an 8-byte put (only signals and waits touch the word); an add, an atomic.
+    if (!sends_done(pe)) wait("put_signal", pe, [&] { return sends_done(pe); });
+    rdma_signal(op, offset, operand, pe);
+    return;
+  }
   post_atomic(op, offset, operand, pe);
   if (!sends_done(pe)) wait("put_signal", pe, [&] { return sends_done(pe); });
 }
@@ -334,48 +533,99 @@ bool UcxTransport::flushed(int pe, std::uint64_t token) {
 }
 
 bool UcxTransport::put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op,
-                                   std::size_t sig_offset, std::uint64_t value, int pe) {
+                                   std::size_t sig_offset, std::uint64_t value, int pe, bool wait_local) {
   const auto lock = guard();
+  mark(pe);
+  if (bytes) data_dirty_[pe] = 1;
+  if (rdma_[pe]) {  // put, fence, signal: no message for the target's CPU on a hardware lane
+    rdma_put(offset, src, bytes, pe, wait_local, wait_local ? "put_signal" : "put_signal_nbi");
+    rdma_signal(op, sig_offset, value, pe);
+    return true;
+  }
   Msg m = header(put_signal);
   m.offset = offset;
   m.bytes = bytes;
   m.op = static_cast<std::uint8_t>(op);
   m.compare = sig_offset;
   m.value = value;
-  mark(pe);
-  send(pe, m, src, bytes, true, "put_signal");
+  send(pe, m, src, bytes, wait_local, wait_local ? "put_signal" : "put_signal_nbi");
   return true;
 }
 
 void UcxTransport::flush(int pe) {
   const auto lock = guard();
   if (!dirty_[pe]) return;
-  Msg m = header(flush_req);
-  m.token = expect(nullptr, 0, pe);
-  send(pe, m, nullptr, 0, false, "flush");
-  const std::uint64_t token = m.token;
-  wait("flush", pe, [&] { return flushed(pe, token); });
-  pending_.erase(token);
-  dirty_[pe] = 0;
-  dirty_list_.erase(std::remove(dirty_list_.begin(), dirty_list_.end(), pe), dirty_list_.end());
+  if (rdma_[pe]) {
+    void* req = flush_ep(pe);
+    wait("flush", pe, [&] { return request_status(req) != UCS_INPROGRESS && sends_done(pe); });
+    finish_flush(req, pe);
+  } else {
+    Msg m = header(flush_req);
+    m.token = expect(nullptr, 0, pe);
+    send(pe, m, nullptr, 0, false, "flush");
+    const std::uint64_t token = m.token;
+    wait("flush", pe, [&] { return flushed(pe, token); });
+    pending_.erase(token);
+  }
+  unmark(pe);
+}
+
+void UcxTransport::flush_local(int pe) {
+  const auto lock = guard();
+  const auto done = [&] { return gets_in_flight_[pe] == 0 && sends_done(pe); };
+  if (!done()) wait("flush_local", pe, done);
 }
 
 void UcxTransport::flush_all() {
   const auto lock = guard();
-  // All requests first, then all answers: one round trip for every peer together.
-  std::vector<std::pair<int, std::uint64_t>> tokens;
-  for (int pe : dirty_list_) {
+  const std::vector<int> peers = dirty_list_;
+  flush_peers(peers, "quiet");
+}
+
+void UcxTransport::order_before_signal(int pe) {
+  const auto lock = guard();
+  std::vector<int> peers;
+  for (int q : dirty_list_) {
+    if (q != pe && data_dirty_[q]) peers.push_back(q);
+  }
+  if (!peers.empty()) flush_peers(peers, "signal_op");
+}
+
+void UcxTransport::flush_peers(const std::vector<int>& peers, const char* what) {
+  // All requests first, then all answers: one round trip for every peer together. An rdma peer's
+  // request is ucp_ep_flush_nbx (its completion proves remote completion); an am peer's, a message.
+  struct Flush {
+    int pe;
+    std::uint64_t token;
+    void* req;
+  };
+  std::vector<Flush> flushes;
+  for (int pe : peers) {
+    if (rdma_[pe]) {
+      flushes.push_back({pe, 0, flush_ep(pe)});
+      continue;
+    }
     Msg m = header(flush_req);
     m.token = expect(nullptr, 0, pe);
-    send(pe, m, nullptr, 0, false, "quiet");
-    tokens.emplace_back(pe, m.token);
+    send(pe, m, nullptr, 0, false, what);
+    flushes.push_back({pe, m.token, nullptr});
   }
-  for (auto [pe, token] : tokens) {
-    wait("quiet", pe, [&, pe = pe, token = token] { return flushed(pe, token); });
-    pending_.erase(token);
-    dirty_[pe] = 0;
+  for (const Flush& f : flushes) {
+    if (rdma_[f.pe]) {
+      wait(what, f.pe, [&] { return request_status(f.req) != UCS_INPROGRESS && sends_done(f.pe); });
+      finish_flush(f.req, f.pe);
+    } else {
+      wait(what, f.pe, [&] { return flushed(f.pe, f.token); });
+      pending_.erase(f.token);
+    }
+    unmark(f.pe);
   }
-  dirty_list_.clear();
+}
+
+void UcxTransport::unmark(int pe) {
+  dirty_[pe] = 0;
+  data_dirty_[pe] = 0;
+  dirty_list_.erase(std::remove(dirty_list_.begin(), dirty_list_.end(), pe), dirty_list_.end());
 }
 
 // ---- target side ----------------------------------------------------------------------------------
@@ -541,11 +791,35 @@ void UcxTransport::progress() {
   in_progress_ = false;
 }
 
+void* UcxTransport::flush_ep(int pe) {
+  ucp_request_param_t p{};
+  void* req = ucp_ep_flush_nbx(eps_[pe], &p);
+  if (UCS_PTR_IS_ERR(req)) fail("ucp_ep_flush_nbx", UCS_PTR_STATUS(req));
+  return req;
+}
+
+void UcxTransport::finish_flush(void* req, int pe) {
+  const ucs_status_t st = request_status(req);
+  if (req) ucp_request_free(req);
+  if (st != UCS_OK) {
+    throw Error(Errc::internal, message_prefix(rank_, "flush") + "ucp_ep_flush_nbx to rank " + std::to_string(pe) +
+                                    " failed: " + ucs_status_string(st));
+  }
+}
+
 std::string UcxTransport::describe() const {
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
-  return "UCX " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release) +
-         ", mode am (active messages)";
+  const auto rdma_peers = static_cast<std::size_t>(std::count(rdma_.begin(), rdma_.end(), 1));
+  std::string modes = rdma_peers == 0              ? "mode am (active messages)"
+                      : rdma_peers == rdma_.size() ? "mode rdma (put, fence, atomics)"
+                                                   : "mode rdma to " + std::to_string(rdma_peers) + " of " +
+                                                         std::to_string(rdma_.size()) + " ranks, am to the others";
+  return "UCX " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release) + ", " + modes;
+}
+
+std::string UcxTransport::describe_peer(int pe) const {
+  return std::string(rdma_[pe] ? "rdma" : "am") + " (" + why_[pe] + "); lanes " + lanes_[pe];
 }
 
 }  // namespace ubep::detail

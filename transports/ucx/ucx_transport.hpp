@@ -1,11 +1,11 @@
-// ucx: UCP active messages to every peer (the "am" mode of issue 12; the rdma mode is not built yet).
+// ucx: UCP to every peer, in one of two modes per peer (chosen at setup, UBEP_UCX_MODE).
 // What users get from it: README, "The ucx route".
 //
-// Every operation is one active message {kind, offsets, value} + payload on the endpoint to the peer;
-// the target's handler (run inside its ucp_worker_progress) writes the data into its heap and applies
-// signals and atomics with CPU atomics (release), so they are atomic with respect to load/store atomics
-// on the same words. get and fetching atomics are request/reply.
-//
+// am (TCP, shared memory, any endpoint without one lane for hardware RMA and atomics). Every operation
+// is one active message {kind, offsets, value} + payload on the endpoint to the peer; the target's
+// handler (run inside its ucp_worker_progress) writes the data into its heap and applies signals and
+// atomics with CPU atomics (release), so they are atomic with respect to load/store atomics on the same
+// words. get and fetching atomics are request/reply.
 // Ordering. Active messages on one endpoint reach the target's handler in the order they were sent.
 // A message too large for eager delivery arrives as a rendezvous descriptor whose data lands later, so
 // the target keeps a backlog per source: while a rendezvous from that source is unfinished, later
@@ -14,9 +14,18 @@
 // this rank has been applied (ucp_ep_flush over tcp would not prove that), and waits for that answer,
 // for the local completion of every send, and for every get reply from pe.
 //
-// Progress. The target must progress its worker for messages to land: the runtime calls progress() in
-// every wait, poll and collective. Every wait here polls with the back-off and the deadline given at
-// construction (UBEP_WAIT_TIMEOUT) and throws Errc::timeout naming the peer.
+// rdma (an endpoint with one lane carrying RMA and atomics, e.g. rc/dc on InfiniBand or RoCE; or
+// forced). The heap is mapped once (ucp_mem_map) and its packed rkey exchanged over MPI at setup.
+// put/get are ucp_put_nbx/ucp_get_nbx, atomics ucp_atomic_op_nbx, and every signal or non-fetching
+// atomic is preceded by ucp_worker_fence, so it lands after the data. flush(pe) is ucp_ep_flush_nbx.
+// The atomics are UCX's (the NIC's on hardware lanes): atomic with respect to each other, not with
+// respect to CPU atomics on the same word (hence rdma is chosen only per peer, and README says what
+// holds where).
+//
+// Progress. In am mode (and in rdma mode emulated in software) the target must progress its worker for
+// messages to land: the runtime calls progress() in every wait, poll and collective. Every wait here
+// polls with the back-off and the deadline given at construction (UBEP_WAIT_TIMEOUT) and throws
+// Errc::timeout naming the peer.
 #pragma once
 
 #include <mpi.h>
@@ -41,11 +50,13 @@ namespace ubep::detail {
 class UcxTransport final : public Transport {
  public:
   /// Collective over `comm`: a UCP context and worker, worker addresses exchanged, an endpoint to every
-  /// rank (itself included), and one request/answer with every peer so that all endpoints are wired up.
-  /// `threaded`: a progress thread calls poll() beside the caller's thread; every entry point then takes
-  /// one lock (the worker runs in UCS_THREAD_MODE_SERIALIZED).
-  UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::chrono::duration<double> timeout,
-               const PollPolicy& poll, bool threaded);
+  /// rank (itself included), and one request/answer with every peer so that all endpoints are wired up;
+  /// unless `mode` is "am", the heap [base, base + heap_bytes) mapped and its rkey exchanged. `mode`:
+  /// UBEP_UCX_MODE (auto, am, rdma); the mode of each peer is then fixed. `threaded`: a progress thread
+  /// calls poll() beside the caller's thread; every entry point then takes one lock (the worker runs in
+  /// UCS_THREAD_MODE_SERIALIZED).
+  UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::size_t heap_bytes, const std::string& mode,
+               std::chrono::duration<double> timeout, const PollPolicy& poll, bool threaded);
   /// Local: closes the endpoints (force), destroys the worker and the context. Never communicates.
   ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
@@ -62,13 +73,19 @@ class UcxTransport final : public Transport {
   /// post_atomic, then local completion of every send to pe: put_signal returns with its source
   /// reusable (its data went out by put_nbi just before).
   void post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) override;
-  /// One active message: the handler writes the data, then applies the signal (a rendezvous applies
-  /// it when the data is in). Waits for the local completion of this message only.
+  /// am: one active message: the handler writes the data, then applies the signal (a rendezvous applies
+  /// it when the data is in); with wait_local, waits for the local completion of this message only.
+  /// rdma: put, fence, signal (the put locally complete before the signal is issued, in both cases).
   bool put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op, std::size_t sig_offset,
-                       std::uint64_t value, int pe) override;
-  void fence() override {}
+                       std::uint64_t value, int pe, bool wait_local) override;
+  void fence() override;
   void flush(int pe) override;
   void flush_all() override;
+  /// Every send and get to pe locally complete: no message, it waits for UCX's requests (and am get
+  /// replies).
+  void flush_local(int pe) override;
+  /// Flushes every peer other than pe with data (puts) in flight: one round trip for all of them.
+  void order_before_signal(int pe) override;
   bool outstanding() const noexcept override { return !dirty_list_.empty(); }
   /// Progresses the worker: runs the handlers of arrived messages, continues rendezvous receives, and
   /// sends the answers they owe. Cheap when nothing arrived.
@@ -76,6 +93,10 @@ class UcxTransport final : public Transport {
   void poll() override { progress(); }
   /// "UCX 1.13.1, mode am (active messages)", for ubep-info.
   std::string describe() const override;
+  /// The mode used to reach pe ("am" or "rdma") and why, and pe's lanes as UCX reports them
+  /// ("tcp/eth0[rma_bw am am_bw]; ..."), for ubep-info.
+  std::string describe_peer(int pe) const override;
+  bool rdma(int pe) const { return rdma_[pe] != 0; }
 
   /// The wire header of every message (public for the handler; not an interface).
   struct Msg {
@@ -93,11 +114,13 @@ class UcxTransport final : public Transport {
   ucs_status_t on_message(const Msg& m, void* data, std::size_t length, bool rndv);
 
  private:
-  struct Send {  // a send in flight: its header must live until UCX completes it
+  struct Send {  // a send in flight: its header (or atomic operands) must live until UCX completes it
     Msg hdr;
     void* req;
     int pe;
-    bool held = false;  // a blocking call waits for it and erases it
+    bool held = false;          // a blocking call waits for it and erases it
+    std::uint64_t operand = 0;  // rdma atomics: the operand and the reply buffer
+    std::uint64_t reply = 0;
   };
   struct Incoming {  // a message from one source that waits behind an unfinished rendezvous
     Msg m;
@@ -118,6 +141,25 @@ class UcxTransport final : public Transport {
   };
 
   void send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what);
+  /// Tracks the request of `s` (the newest entry of sends_); with wait_local, waits for it and erases it.
+  /// Returns s.reply when it waited (or the operation completed in the call).
+  std::uint64_t track(Send& s, void* req, bool wait_local, const char* what);
+  // rdma mode: one UCP RMA or atomic operation to pe; the request is tracked like a send.
+  void rdma_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local, const char* what);
+  void rdma_get(void* dst, std::size_t offset, std::size_t bytes, int pe, bool wait, const char* what);
+  /// Fetching (reply returned, waited for) or not (posted; fenced behind every earlier operation).
+  std::uint64_t rdma_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare, int pe,
+                            bool fetching, const char* what);
+  /// A signal behind a fence: a set is an 8-byte put (only signals and waits touch the word), an add an
+  /// atomic.
+  void rdma_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe);
+  void choose_modes(const std::string& mode);
+  void flush_peers(const std::vector<int>& peers, const char* what);  // in parallel; clears their marks
+  void* flush_ep(int pe);                                             // ucp_ep_flush_nbx, started
+  void finish_flush(void* req, int pe);                               // frees it; throws if it failed
+  void map_heap(MPI_Comm comm, std::size_t heap_bytes);
+  /// Every rank's `bytes` bytes at `mine`, concatenated in rank order; displs[i] = where rank i's start.
+  std::vector<char> allgather(MPI_Comm comm, const void* mine, std::size_t bytes, std::vector<int>& displs) const;
   void send_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local, const char* what);
   Msg header(std::uint8_t kind) const;
   void apply(const Msg& m, const void* data, std::size_t length);
@@ -129,6 +171,7 @@ class UcxTransport final : public Transport {
   std::uint64_t expect(void* dst, std::size_t bytes, int pe);
   void wait(const char* what, int pe, const std::function<bool()>& done);
   void mark(int pe);
+  void unmark(int pe);  // flushed: nothing to pe in flight
   [[noreturn]] void fail(const char* what, ucs_status_t status) const;
 
   /// Holds the lock of a threaded transport for one entry point (recursive: waits progress inside).
@@ -143,6 +186,13 @@ class UcxTransport final : public Transport {
   std::chrono::duration<double> timeout_;
   const PollPolicy& poll_;
   ucp_context_h context_ = nullptr;
+  ucp_mem_h mem_ = nullptr;                 // the heap, mapped (modes other than am)
+  std::vector<ucp_rkey_h> rkeys_;           // per pe: its heap's rkey
+  std::vector<std::uint64_t> remote_base_;  // per pe: its heap's address
+  std::vector<std::uint8_t> rdma_;          // per pe: 1 = rdma mode
+  std::vector<std::string> lanes_;          // per pe: its lanes, for describe_peer
+  std::vector<std::string> why_;            // per pe: why this mode
+  bool any_rdma_ = false;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> eps_;
   std::list<Send> sends_;
@@ -159,6 +209,7 @@ class UcxTransport final : public Transport {
   std::vector<int> gets_in_flight_;                     // per pe
   std::uint64_t next_token_ = 1;
   std::vector<std::uint8_t> dirty_;
+  std::vector<std::uint8_t> data_dirty_;  // per pe: puts issued since its last flush
   std::vector<int> dirty_list_;
   std::vector<std::uint64_t> get_rndv_tokens_;  // get answers arrived by rendezvous, to receive
   bool in_progress_ = false;
