@@ -68,6 +68,9 @@ Row measure(ubep::Context& ctx, std::size_t bytes, std::uint64_t work, int repea
         }
       }
     }
+    // Rank 0 waits here in ubep's back-off, not in a busy-polling MPI call that would take the CPU the
+    // compute and the progress threads share on a small machine.
+    ctx.barrier();
     ubep::check_mpi(MPI_Allreduce(MPI_IN_PLACE, times, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), ctx.rank(),
                     "ubep_compute_progress", "MPI_Allreduce");
     compute.push_back(times[0]);

@@ -47,6 +47,11 @@ struct HandleState {
   // ubep layer: this call's outputs to mpi-route sources, staged until the flush after the last expert.
   std::vector<std::byte> out_stage;
   std::size_t out_bytes = 0, out_staged = 0;  // its size (from the sources' headers), its use
+  // ucx-route sources: one block each in out_stage, in expert order like their combine buffer (the
+  // outputs of one owner are contiguous there), sent as one message after the last local expert.
+  std::vector<std::size_t> out_base;     // [ranks]: the block's byte offset in out_stage
+  std::vector<std::uint64_t> out_first;  // [ranks]: the source's combine offset of local expert 0
+  std::vector<std::size_t> out_total;    // [ranks]: tokens in the block
   bool finished = false;
   // BSP baseline: received blocks and combine staging.
   std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;

@@ -260,10 +260,16 @@ std::optional<int> Layer::next_expert(Handle& h) {
       if (s.num_ready == 0) {
         // Outputs to network-route sources are staged in combine_send: size it now, while every such
         // source's header is here (its one signal covers all our experts) and its set not yet released.
+        s.out_base.assign(P, 0);
+        s.out_first.assign(P, 0);
+        s.out_total.assign(P, 0);
         for (std::size_t src = 0; src < P; ++src) {
           if (!packed(ctx_.route(static_cast<int>(src)))) continue;
           const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
-          for (int e = 0; e < local; ++e) s.out_bytes += header[2 * e] * out_token_bytes_;
+          s.out_base[src] = s.out_bytes;
+          s.out_first[src] = header[1];
+          for (int e = 0; e < local; ++e) s.out_total[src] += header[2 * e];
+          s.out_bytes += s.out_total[src] * out_token_bytes_;
         }
       }
       regroup(s, le, [&](int src) { return region(src) + m.header + first[src] * token_bytes_; });
@@ -336,7 +342,6 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   // Rows of `outputs` are in source order (regroup order); send each source its block.
   std::vector<std::size_t> first(P + 1, 0);
   for (std::size_t src = 0; src < P; ++src) first[src + 1] = first[src] + s.recv_counts[local * P + src];
-  const bool last = s.num_combined + 1 == experts;
   // The signal of a source (after the last local expert) that already went with its outputs (ucx).
   std::vector<std::uint8_t> signalled(P, 0);
   std::uint64_t* const csig = &m.csig[static_cast<std::size_t>(s.set) * P + rank_];
@@ -347,6 +352,15 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
     const std::byte* rows = outputs.data() + first[src] * out_token_bytes_;
     if (!packed(ctx_.route(src))) {
       ctx_.put(dest, rows, c * out_token_bytes_, src);
+    } else if (ctx_.route(src) == Route::ucx) {
+      // Into src's block, at this expert's place; the block goes after the last expert (below).
+      const std::size_t at = s.out_base[src] + (s.recv_meta[local * P + src] - s.out_first[src]) * out_token_bytes_;
+      if (s.recv_meta[local * P + src] < s.out_first[src] ||
+          at + c * out_token_bytes_ > s.out_base[src] + s.out_total[src] * out_token_bytes_) {
+        throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": combine_send: outputs for rank " +
+                                        std::to_string(src) + " fall outside its block sized from its header");
+      }
+      std::memcpy(s.out_stage.data() + at, rows, c * out_token_bytes_);
     } else {
       if (s.out_staged + c * out_token_bytes_ > s.out_stage.size()) {
         throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": combine_send: outputs for rank " +
@@ -354,19 +368,23 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
       }
       std::byte* st = s.out_stage.data() + s.out_staged;
       std::memcpy(st, rows, c * out_token_bytes_);
-      if (last && ctx_.route(src) == Route::ucx) {
-        // The last expert's outputs and the source's signal in one message (the signal lands after them
-        // and after every earlier output of ours to src: one ordered stream).
-        ctx_.put_signal_nbi(dest, st, c * out_token_bytes_, csig, tag(s.call) | 1, SignalOp::set, src);
-        signalled[src] = 1;
-      } else {
-        ctx_.put_nbi(dest, st, c * out_token_bytes_, src);
-      }
+      ctx_.put_nbi(dest, st, c * out_token_bytes_, src);
       s.out_staged += c * out_token_bytes_;
     }
   }
   s.combined[local] = 1;
   if (++s.num_combined < experts) return;
+  if (m.ucx) {
+    // One message per ucx-route source: all our experts' outputs and its signal (latency-bound calls
+    // pay one message instead of one per expert; large ones lose only the overlap with the last expert).
+    for (int src : m.schedule) {
+      if (ctx_.route(src) != Route::ucx || s.out_total.empty() || s.out_total[src] == 0) continue;
+      std::byte* dest = m.cbuf.data() + (s.set * Mk + s.out_first[src]) * out_token_bytes_;
+      ctx_.put_signal_nbi(dest, s.out_stage.data() + s.out_base[src], s.out_total[src] * out_token_bytes_, csig,
+                          tag(s.call) | 1, SignalOp::set, src);
+      signalled[src] = 1;
+    }
+  }
   // The last local expert: one signal to every source that sent us tokens, ordered after all outputs.
   for (int src : m.schedule) {
     int c = 0;

@@ -145,6 +145,64 @@ TEST(Rma, ThirdPartyCompletion) {
   ctx.finalize();
 }
 
+TEST(Rma, FlushLocalMakesSourcesReusable) {
+  // put_nbi from one buffer, flush_local(pe), overwrite the buffer, quiet: pe holds what was put, not
+  // the overwrite (sizes past the eager limit too: a rendezvous on the ucx route).
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int n = ctx.size(), me = ctx.rank(), right = (me + 1) % n, left = (me + n - 1) % n;
+  for (const std::size_t count : {std::size_t{8}, std::size_t{64} << 10}) {
+    auto dst = ctx.alloc<std::uint64_t>(count);
+    std::vector<std::uint64_t> src(count);
+    for (std::size_t i = 0; i < count; ++i) src[i] = (static_cast<std::uint64_t>(me) << 40) | i;
+    ctx.barrier();
+    ctx.put_nbi(dst.data(), src.data(), count * 8, right);
+    ctx.flush_local(right);
+    std::fill(src.begin(), src.end(), ~std::uint64_t{0});  // reused: must not reach `right`
+    ctx.quiet();
+    ctx.barrier();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < count; ++i) bad += dst[i] != ((static_cast<std::uint64_t>(left) << 40) | i);
+    EXPECT_EQ(bad, 0u) << count << " words from rank " << left;
+    ctx.barrier();
+    dst.free();
+  }
+  EXPECT_THROW(ctx.flush_local(n), Error);
+  ctx.finalize();
+}
+
+TEST(Rma, SignalOpIsOrderedAfterPutsToEveryPeer) {
+  // A puts to B (no quiet), then signal_op to C; C forwards to B with signal_op; B, seeing C's signal,
+  // must see A's data (signal_op is ordered after this rank's puts to every peer).
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int n = ctx.size(), me = ctx.rank();
+  if (n < 3) GTEST_SKIP() << "needs 3 ranks";
+  const int a = 0, b = n - 1, c = 1;        // b on another (emulated) node than a where there are two
+  constexpr std::size_t kCount = 16 << 10;  // 128 KiB: a rendezvous on the ucx route
+  auto data = ctx.alloc<std::uint64_t>(kCount);
+  auto to_c = ctx.alloc_signals(1), to_b = ctx.alloc_signals(1);
+  std::fill(data.local().begin(), data.local().end(), 0);
+  ctx.barrier();
+  for (std::uint64_t round = 1; round <= 20; ++round) {
+    if (me == a) {
+      std::vector<std::uint64_t> v(kCount, round);
+      ctx.put_nbi(data.data(), v.data(), kCount * 8, b);
+      ctx.signal_op(to_c.data(), round, SignalOp::set, c);
+      ctx.quiet();  // v is reused next round
+    }
+    if (me == c) {
+      ctx.wait_until(to_c.data(), Cmp::ge, round);
+      ctx.signal_op(to_b.data(), round, SignalOp::set, b);
+    }
+    if (me == b) {
+      ctx.wait_until(to_b.data(), Cmp::ge, round);
+      EXPECT_EQ(std::count(data.local().begin(), data.local().end(), round), static_cast<std::ptrdiff_t>(kCount))
+          << "round " << round;
+    }
+    ctx.barrier();
+  }
+  ctx.finalize();
+}
+
 TEST(Rma, FetchAddContentionIsExact) {
   Context ctx(MPI_COMM_WORLD, small_heap());
   auto counter = ctx.alloc<std::uint64_t>(1);

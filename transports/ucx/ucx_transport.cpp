@@ -115,6 +115,10 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
     : rank_(rank), threaded_(threaded), base_(base), timeout_(timeout), poll_(poll) {
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) fail("ucp_config_read", st);
+  // UCX's keepalive (on with peer error handling) declares an endpoint dead when the peer's worker
+  // goes unprogressed for long (a Context idle while another one works, a long compute): ubep's own
+  // deadlines detect a peer that is gone, so it is off unless UCX_KEEPALIVE_INTERVAL asks for it.
+  if (!std::getenv("UCX_KEEPALIVE_INTERVAL")) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | (mode == "am" ? 0 : UCP_FEATURE_RMA | UCP_FEATURE_AMO64);
