@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       for (std::uint64_t i = 0; i < probe; ++i) x = x * 6364136223846793005ULL + 1442695040888963407ULL;
       work = static_cast<std::uint64_t>(static_cast<double>(probe) * compute_ms / std::max(ms_since(t0), 1e-3));
     }
-    MPI_Bcast(&work, 1, MPI_UINT64_T, 1, MPI_COMM_WORLD);
+    ubep::check_mpi(MPI_Bcast(&work, 1, MPI_UINT64_T, 1, MPI_COMM_WORLD), rank, "ubep_compute_progress", "MPI_Bcast");
     ubep::Options base = ubep::Options::from_env();
     std::vector<Row> rows;
     std::string route;

@@ -342,9 +342,6 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   // Rows of `outputs` are in source order (regroup order); send each source its block.
   std::vector<std::size_t> first(P + 1, 0);
   for (std::size_t src = 0; src < P; ++src) first[src + 1] = first[src] + s.recv_counts[local * P + src];
-  // The signal of a source (after the last local expert) that already went with its outputs (ucx).
-  std::vector<std::uint8_t> signalled(P, 0);
-  std::uint64_t* const csig = &m.csig[static_cast<std::size_t>(s.set) * P + rank_];
   for (int src : m.schedule) {
     const std::size_t c = static_cast<std::size_t>(s.recv_counts[local * P + src]);
     if (c == 0) continue;
@@ -374,6 +371,9 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   }
   s.combined[local] = 1;
   if (++s.num_combined < experts) return;
+  // The last local expert. The signal of a source that already went with its outputs (ucx):
+  std::vector<std::uint8_t> signalled(P, 0);
+  std::uint64_t* const csig = &m.csig[static_cast<std::size_t>(s.set) * P + rank_];
   if (m.ucx) {
     // One message per ucx-route source: all our experts' outputs and its signal (latency-bound calls
     // pay one message instead of one per expert; large ones lose only the overlap with the last expert).
@@ -385,7 +385,7 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
       signalled[src] = 1;
     }
   }
-  // The last local expert: one signal to every source that sent us tokens, ordered after all outputs.
+  // One signal to every other source that sent us tokens, ordered after all outputs.
   for (int src : m.schedule) {
     int c = 0;
     for (int le = 0; le < experts; ++le) c += s.recv_counts[le * P + src];

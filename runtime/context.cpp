@@ -590,11 +590,12 @@ void Context::flush_local(int pe) {
   State& s = *state_;
   s.check_alive("flush_local");
   s.check_pe("flush_local", pe);
-  if (s.routes[pe] == Route::ucx && s.pending_signals.empty()) {
-    s.ucx->flush_local(pe);  // the peers this rank maps complete everything at once
-    return;
+  // ucx: no message (its signals are never deferred); mpi: a flush; self/shm: complete already.
+  if (s.routes[pe] == Route::ucx) {
+    s.ucx->flush_local(pe);
+  } else {
+    flush(pe);
   }
-  flush(pe);
 }
 
 void Context::flush(int pe) {

@@ -177,7 +177,7 @@ std::vector<char> UcxTransport::allgather(MPI_Comm comm, const void* mine, std::
                                           std::vector<int>& displs) const {
   const char* call = "Context (ucx)";
   int nranks = 0;
-  MPI_Comm_size(comm, &nranks);
+  UBEP_MPI_CHECK(rank_, call, MPI_Comm_size(comm, &nranks));
   int my_len = static_cast<int>(bytes);
   std::vector<int> lens(nranks);
   displs.assign(nranks, 0);
