@@ -48,6 +48,7 @@ void BspLayer::send(HandleState& h, std::span<const std::byte> tokens, std::span
       dest_tokens += toks.size();
     }
     scounts[d] = as_int(dest_tokens * token_bytes_, rank_, "send block");
+    count(true, d, dest_tokens * payload_bytes());
     sdispl[d] = as_int(h.coffset[static_cast<std::size_t>(d) * L] * token_bytes_, rank_, "send displacement");
   }
   h.bsp_rdispl_tokens.assign(P, 0);
@@ -130,6 +131,7 @@ void BspLayer::combine_recv(Handle& h, std::span<float> out) {
       to += s.send_counts[static_cast<std::size_t>(p) * L + le];
     }
     scounts[p] = as_int(from * out_token_bytes_, rank_, "combine send block");
+    count(false, p, from * out_token_bytes_);
     sdispl[p] = as_int(s.bsp_rdispl_tokens[p] * out_token_bytes_, rank_, "combine send displacement");
     rcounts[p] = as_int(to * out_token_bytes_, rank_, "combine receive block");
     rdispl[p] = as_int(s.coffset[static_cast<std::size_t>(p) * L] * out_token_bytes_, rank_, "combine displacement");

@@ -26,7 +26,25 @@ DType parse_dtype(const std::string& name) {
   throw Error(Errc::invalid_argument, "ubep: moe: unknown element type '" + name + "' (f32, bf16, e4m3)");
 }
 
+const char* to_string(Combine c) noexcept {
+  switch (c) {
+    case Combine::per_expert: return "per_expert";
+    case Combine::per_rank: return "per_rank";
+    case Combine::per_node: return "per_node";
+  }
+  return "?";
+}
+
+Combine parse_combine(const std::string& name) {
+  if (name == "per_expert") return Combine::per_expert;
+  if (name == "per_rank") return Combine::per_rank;
+  if (name == "per_node") return Combine::per_node;
+  throw Error(Errc::invalid_argument,
+              "ubep: moe: unknown combine mode '" + name + "' (per_expert, per_rank, per_node)");
+}
+
 namespace {
+bool valid(Combine c) { return c == Combine::per_expert || c == Combine::per_rank || c == Combine::per_node; }
 bool valid(DType t) {
   switch (t) {
     case DType::f32:
@@ -40,12 +58,7 @@ bool valid(DType t) {
 std::size_t element_size(DType t) noexcept { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 1; }
 DType output_dtype(DType t) noexcept { return t == DType::f32 ? DType::f32 : DType::bf16; }
 
-std::uint16_t float_to_bf16(float f) noexcept {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                                           // round to nearest even
-  return static_cast<std::uint16_t>(u >> 16);
-}
+std::uint16_t float_to_bf16(float f) noexcept { return float_to_bf16_bits(f); }
 
 float bf16_to_float(std::uint16_t b) noexcept { return bf16_bits_to_float(b); }
 
@@ -113,19 +126,35 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
   if (!valid(c.dtype)) {
     bad("dtype=" + std::to_string(static_cast<int>(c.dtype)) + " is not a moe::DType (f32=0, bf16=1, e4m3=2)");
   }
+  if (!valid(c.combine)) {
+    bad("combine=" + std::to_string(static_cast<int>(c.combine)) +
+        " is not a moe::Combine (per_expert=0, per_rank=1, per_node=2)");
+  }
   if (c.num_experts < 1) bad("num_experts=" + std::to_string(c.num_experts) + " must be at least 1");
   if (c.hidden < 1) bad("hidden=" + std::to_string(c.hidden) + " must be at least 1");
   if (c.topk < 1 || c.topk > c.num_experts) {
     bad("topk=" + std::to_string(c.topk) + " must be in [1, num_experts=" + std::to_string(c.num_experts) + "]");
   }
   if (c.max_tokens_per_rank < 0) bad("max_tokens_per_rank=" + std::to_string(c.max_tokens_per_rank) + " is negative");
-  ctx.agree(who,
-            {c.num_experts, c.hidden, static_cast<std::int64_t>(c.dtype), c.topk, c.max_tokens_per_rank,
-             static_cast<std::int64_t>(ctx.options().run_ahead)},
-            {"num_experts", "hidden", "dtype", "topk", "max_tokens_per_rank", "UBEP_RUN_AHEAD"});
+  ctx.agree(
+      who,
+      {c.num_experts, c.hidden, static_cast<std::int64_t>(c.dtype), c.topk, c.max_tokens_per_rank,
+       static_cast<std::int64_t>(ctx.options().run_ahead), static_cast<std::int64_t>(c.combine),
+       c.float_partials ? 1 : 0},
+      {"num_experts", "hidden", "dtype", "topk", "max_tokens_per_rank", "UBEP_RUN_AHEAD", "combine", "float_partials"});
   map_ = ExpertMap{c.num_experts, size_};
   token_bytes_ = token_stride(c);
   out_token_bytes_ = output_stride(c);
+  node_.resize(size_);
+  for (int p = 0; p < size_; ++p) node_[p] = ctx.topology().node_of(p);
+}
+
+void LayerBase::count(bool dispatch, int pe, std::size_t bytes) {
+  if (pe == rank_) return;
+  const bool on = node_[pe] == node_[rank_];
+  std::uint64_t& c = dispatch ? (on ? traffic_.dispatch_on_node : traffic_.dispatch_off_node)
+                              : (on ? traffic_.combine_on_node : traffic_.combine_off_node);
+  c += bytes;
 }
 
 LayerBase::~LayerBase() = default;
@@ -248,6 +277,7 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   h.expert_scales.resize(local);
   send(h, tokens, scales);
   ++calls_;
+  ++traffic_.calls;
   return handle;
 }
 
@@ -318,7 +348,52 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
                     " elements, expected n x hidden = " + std::to_string(static_cast<std::size_t>(h.n) * hidden));
   }
   const bool f32 = output_dtype(config_.dtype) == DType::f32;
-  reduce_outputs(map_, config_.topk, h.idx, h.weights, h.pos, h.coffset, combine, out_token_bytes_, f32, hidden, out);
+  if (config_.combine == Combine::per_expert) {
+    reduce_outputs(map_, config_.topk, h.idx, h.weights, h.pos, h.coffset, combine, out_token_bytes_, f32, hidden, out);
+    return;
+  }
+  // The per_rank/per_node order from per-expert rows: each owner's partial row as the owner would compute it,
+  // then the node sums (moe.hpp, "Combine modes").
+  const int k = config_.topk, L = map_.max_local();
+  const bool r_f32 = partial_f32();
+  const std::size_t rb = hidden * (r_f32 ? 4 : 2);
+  std::vector<float> acc(hidden), ns(hidden);
+  std::vector<std::byte> partials(static_cast<std::size_t>(k) * rb), row(rb);
+  std::vector<int> owners;
+  std::vector<float> w;
+  std::vector<const std::byte*> y, rows;
+  std::vector<NodeTerm> terms;
+  for (int t = 0; t < h.n; ++t) {
+    owners.clear();
+    for (int a = 0; a < k; ++a) owners.push_back(map_.owner(h.idx[static_cast<std::size_t>(t) * k + a]));
+    std::sort(owners.begin(), owners.end(),
+              [&](int x, int z) { return std::pair(node_[x], x) < std::pair(node_[z], z); });
+    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+    rows.clear();
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      w.clear();
+      y.clear();
+      for (int a = 0; a < k; ++a) {
+        const std::size_t ta = static_cast<std::size_t>(t) * k + a;
+        const int e = h.idx[ta], d = map_.owner(e), le = e - map_.first(d);
+        if (d != owners[i]) continue;
+        w.push_back(h.weights[ta]);
+        y.push_back(combine + (h.coffset[static_cast<std::size_t>(d) * L + le] + h.pos[ta]) * out_token_bytes_);
+      }
+      partial_sum(w, y, f32, hidden, acc.data());
+      store_row(acc.data(), hidden, r_f32, partials.data() + i * rb);
+      rows.push_back(partials.data() + i * rb);
+    }
+    terms.clear();
+    for (std::size_t i = 0; i < owners.size();) {
+      std::size_t j = i;
+      while (j < owners.size() && node_[owners[j]] == node_[owners[i]]) ++j;
+      terms.push_back(
+          {nullptr, std::span<const std::byte* const>(rows.data() + i, j - i), node_[owners[i]] != node_[rank_]});
+      i = j;
+    }
+    reduce_token(terms, r_f32, hidden, ns.data(), row.data(), out.data() + static_cast<std::size_t>(t) * hidden);
+  }
 }
 
 int LayerBase::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {

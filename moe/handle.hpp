@@ -19,6 +19,13 @@ inline std::size_t output_stride(const Config& c) {
   return static_cast<std::size_t>(c.hidden) * element_size(output_dtype(c.dtype));
 }
 
+/// One expert of a token in a per_rank/per_node record (also its wire format): owner rank, the owner's
+/// local expert, the weight.
+struct DdEntry {
+  std::int32_t owner, le;
+  float w;
+};
+
 struct HandleState {
   std::uint64_t call = 0;
   int set = 0;  // buffer set of this call (ubep layer)
@@ -52,6 +59,23 @@ struct HandleState {
   std::vector<std::size_t> out_base;     // [ranks]: the block's byte offset in out_stage
   std::vector<std::uint64_t> out_first;  // [ranks]: the source's combine offset of local expert 0
   std::vector<std::size_t> out_total;    // [ranks]: tokens in the block
+  // per_rank / per_node (moe/dedup.cpp). Source side: per target rank (an owner, or a node's relay) its
+  // records' tokens and expert entries, its rows' offset in our row buffer, and per (token, target) the row.
+  std::vector<std::vector<int>> dd_tokens;       // [ranks] token ids, ascending
+  std::vector<std::vector<std::uint32_t>> dd_m;  // [ranks] per record: its entries' end in dd_e
+  std::vector<std::vector<DdEntry>> dd_e;        // [ranks] the records' entries, in k order
+  std::vector<std::size_t> dd_row0;              // [ranks] first row of the target's rows
+  std::vector<int> dd_slot;                      // [n x ranks] row of (token, target), -1 if none
+  // Owner side: per source the chunk's size and reply address, per (source, record) the entries.
+  bool dd_parsed = false;
+  std::vector<std::size_t> dd_n;                      // [ranks] records in the chunk of source s
+  std::vector<std::uint64_t> dd_reply;                // [ranks x 3] reply rank, byte offset, signal index
+  std::vector<std::size_t> dd_rec;                    // [ranks + 1] first record of source s (records numbered)
+  std::vector<std::size_t> dd_ent;                    // [records + 1] first entry of each record
+  std::vector<int> dd_le, dd_row;                     // [entries] local expert, row in that expert's batch
+  std::vector<float> dd_w;                            // [entries] weight
+  std::vector<std::vector<const std::byte*>> dd_src;  // [local] the records of each expert, in row order
+  std::vector<std::vector<std::byte>> dd_out;         // [local] copies of the expert outputs
   bool finished = false;
   // BSP baseline: received blocks and combine staging.
   std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;

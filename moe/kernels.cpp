@@ -52,4 +52,61 @@ void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, st
   }
 }
 
+void partial_sum(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
+                 float* acc) {
+  std::fill(acc, acc + hidden, 0.0f);
+  for (std::size_t a = 0; a < w.size(); ++a) {
+    const float wa = w[a];
+    if (y_f32) {
+      const float* v = reinterpret_cast<const float*>(y[a]);
+      for (std::size_t i = 0; i < hidden; ++i) acc[i] += wa * v[i];
+    } else {
+      const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(y[a]);
+      for (std::size_t i = 0; i < hidden; ++i) acc[i] += wa * bf16_bits_to_float(v[i]);
+    }
+  }
+}
+
+void store_row(const float* acc, std::size_t hidden, bool r_f32, std::byte* dst) {
+  if (r_f32) {
+    std::memcpy(dst, acc, hidden * sizeof(float));
+    return;
+  }
+  auto* d = reinterpret_cast<std::uint16_t*>(dst);
+  for (std::size_t i = 0; i < hidden; ++i) d[i] = float_to_bf16_bits(acc[i]);
+}
+
+void add_row(const std::byte* row, bool r_f32, std::size_t hidden, float* acc) {
+  if (r_f32) {
+    const float* v = reinterpret_cast<const float*>(row);
+    for (std::size_t i = 0; i < hidden; ++i) acc[i] += v[i];
+  } else {
+    const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(row);
+    for (std::size_t i = 0; i < hidden; ++i) acc[i] += bf16_bits_to_float(v[i]);
+  }
+}
+
+void sum_rows(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, float* acc) {
+  std::fill(acc, acc + hidden, 0.0f);
+  for (const std::byte* r : rows) add_row(r, r_f32, hidden, acc);
+}
+
+void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* ns, std::byte* row,
+                  float* out) {
+  std::fill(out, out + hidden, 0.0f);
+  for (const NodeTerm& n : terms) {
+    if (n.node_row) {
+      add_row(n.node_row, r_f32, hidden, out);
+      continue;
+    }
+    sum_rows(n.rows, r_f32, hidden, ns);
+    if (n.round) {
+      store_row(ns, hidden, r_f32, row);
+      add_row(row, r_f32, hidden, out);
+    } else {
+      for (std::size_t i = 0; i < hidden; ++i) out[i] += ns[i];
+    }
+  }
+}
+
 }  // namespace ubep::moe

@@ -15,6 +15,13 @@ namespace ubep::moe {
 
 /// bfloat16 bits to float, inline: the exported bf16_to_float would be a PLT call per element.
 inline float bf16_bits_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+/// float to bfloat16 bits, round to nearest even (NaN stays NaN), inline for the same reason.
+inline std::uint16_t float_to_bf16_bits(float f) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
 
 /// Copies token toks[j] (`payload` bytes at tokens + toks[j] * payload) to dst + j * stride, followed by
 /// its 4-byte scale scales[toks[j]] when `scales` is not empty (e4m3).
@@ -35,5 +42,30 @@ void regroup_tokens(std::span<const int> counts, std::span<const std::byte* cons
 void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
                     std::span<const int> pos, std::span<const std::size_t> coffset, const std::byte* combine,
                     std::size_t row_bytes, bool f32, std::size_t hidden, std::span<float> out);
+
+/// The steps of the per_rank/per_node reduction (moe.hpp, "Combine modes"), one row of `hidden` values at a
+/// time; rows of the row type R are `hidden` floats when `r_f32`, else bfloat16 values. Every implementation
+/// (owner, relay, source, BspLayer) calls these, so that they round alike.
+/// acc = 0, then acc += w[i] * y[i] for i ascending; y rows of the output type (float when `y_f32`).
+void partial_sum(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
+                 float* acc);
+/// dst (a row of type R) = round(acc).
+void store_row(const float* acc, std::size_t hidden, bool r_f32, std::byte* dst);
+/// acc = 0, then acc += rows[i] for i ascending (rows of type R).
+void sum_rows(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, float* acc);
+/// acc += row (of type R).
+void add_row(const std::byte* row, bool r_f32, std::size_t hidden, float* acc);
+
+/// One node's share of a token at its source: either the row its relay sent (`node_row`), or the partial
+/// rows of its owners in rank order (`rows`), rounded to R when `round` (a node other than the source's).
+struct NodeTerm {
+  const std::byte* node_row = nullptr;
+  std::span<const std::byte* const> rows;
+  bool round = false;
+};
+/// out = 0, then out += N_n for each term in order (node ascending), as documented. `ns` holds `hidden`
+/// floats and `row` one row of type R: scratch.
+void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* ns, std::byte* row,
+                  float* out);
 
 }  // namespace ubep::moe

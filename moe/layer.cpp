@@ -21,6 +21,7 @@
 #include <numeric>
 #include <string>
 
+#include "moe/dedup.hpp"
 #include "moe/handle.hpp"
 #include "ubep/moe.hpp"
 #include "ubep/topology.hpp"
@@ -79,7 +80,13 @@ Geometry geometry(const Config& c, const ExpertMap& map) {
 }
 }  // namespace
 
+std::size_t Layer::heap_bytes(const Config& c, const Topology& t, unsigned run_ahead) {
+  if (c.combine == Combine::per_expert) return heap_bytes(c, t.size(), run_ahead);
+  return dedup_heap_bytes(c, t, run_ahead);
+}
+
 std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
+  if (c.combine != Combine::per_expert) return dedup_heap_bytes(c, std::vector<int>(std::max(ranks, 1), 0), run_ahead);
   const ExpertMap map{c.num_experts, ranks};
   const std::size_t P = ranks, S = run_ahead, M = c.max_tokens_per_rank;
   const Geometry g = geometry(c, map);
@@ -89,27 +96,35 @@ std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
          4096;
 }
 
-Layer::Layer(Context& ctx, const Config& config)
-    : LayerBase(ctx, config, "moe::Layer"), impl_(std::make_unique<Impl>()) {
-  const std::size_t S = ctx.options().run_ahead, P = size_;
-  const std::size_t M = static_cast<std::size_t>(config.max_tokens_per_rank);
-  const Geometry g = geometry(config, map_);
-  impl_->region = g.region;
-  impl_->header = g.header;
-  const std::size_t need = heap_bytes(config, size_, ctx.options().run_ahead);
-  const std::size_t largest = ctx.heap_free();
+void Layer::check_heap(std::size_t need) const {
+  const std::size_t largest = ctx_.heap_free();
   if (need > largest) {
     // The advice, set exactly, must fit. The Context rounds UBEP_HEAP_SIZE up to 4 KiB, so more can be
     // free than was asked for; every byte outside the largest free block counts as taken; `need` holds
     // our five allocations wherever a free block starts (heap_bytes rounds each up to the 64-byte
     // alignment and adds 4 KiB). This assumes the largest free block is the one at the end of the heap,
     // which holds unless freed objects left a larger hole below a live one (heap_free() cannot tell).
-    const std::size_t heap = std::max((ctx.options().heap_size + 4095) / 4096 * 4096, largest);
+    const std::size_t heap = std::max((ctx_.options().heap_size + 4095) / 4096 * 4096, largest);
     throw OutOfHeap("ubep: rank " + std::to_string(rank_) + ": moe::Layer: needs " + std::to_string(need) +
                     " bytes of symmetric heap, its largest free block has " + std::to_string(largest) + " of " +
                     std::to_string(heap) + " bytes; set UBEP_HEAP_SIZE to at least " +
                     std::to_string(heap - largest + need) + " (or lower max_tokens_per_rank or UBEP_RUN_AHEAD)");
   }
+}
+
+Layer::Layer(Context& ctx, const Config& config)
+    : LayerBase(ctx, config, "moe::Layer"), impl_(std::make_unique<Impl>()) {
+  if (config.combine != Combine::per_expert) {
+    dedup_ = std::make_unique<Dedup>(*this, ctx);
+    return;
+  }
+  const std::size_t S = ctx.options().run_ahead, P = size_;
+  const std::size_t M = static_cast<std::size_t>(config.max_tokens_per_rank);
+  const Geometry g = geometry(config, map_);
+  impl_->region = g.region;
+  impl_->header = g.header;
+  const std::size_t need = heap_bytes(config, size_, ctx.options().run_ahead);
+  check_heap(need);
   impl_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
   impl_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
   impl_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
@@ -134,10 +149,13 @@ Layer::Layer(Context& ctx, const Config& config)
 }
 
 Layer::~Layer() = default;
-const std::vector<int>& Layer::schedule() const noexcept { return impl_->schedule; }
-std::size_t Layer::buffer_bytes() const { return impl_->heap + impl_->staging.size(); }
+const std::vector<int>& Layer::schedule() const noexcept { return dedup_ ? dedup_->schedule : impl_->schedule; }
+std::size_t Layer::buffer_bytes() const {
+  return dedup_ ? dedup_->buffer_bytes() : impl_->heap + impl_->staging.size();
+}
 
 void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
+  if (dedup_) return dedup_->send(h, tokens, scales);
   Impl& m = *impl_;
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
   const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
@@ -159,6 +177,7 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       header[2 * le + 1] = h.coffset[b];
       rows += h.batch_tokens[b].size();
     }
+    count(true, d, rows * payload_bytes());
     std::byte* region = m.dbuf.data() + (static_cast<std::size_t>(h.set) * P + rank_) * m.region;
     // dsig entry (set, row, rank_) on d, ordered after every earlier put of ours to d.
     const auto signal = [&](std::size_t row, std::size_t count) {
@@ -211,6 +230,7 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
 std::optional<int> Layer::next_expert(Handle& h) {
   check_handle(h, "next_expert");
   HandleState& s = h.state();
+  if (dedup_) return dedup_->next_expert(s);
   Impl& m = *impl_;
   const int local = local_experts();
   release_if_done(s);  // a rank without experts releases at once
@@ -308,6 +328,7 @@ void Layer::release_if_done(HandleState& s) {
 void Layer::dispatch_recv(Handle& h) {
   check_handle(h, "dispatch_recv");
   HandleState& s = h.state();
+  if (dedup_) return dedup_->dispatch_recv(s);
   // Complete every expert; hand-out state is restored so that next_expert still returns each once.
   std::vector<std::uint8_t> returned = s.returned;
   const int was = s.num_returned;
@@ -320,6 +341,7 @@ void Layer::dispatch_recv(Handle& h) {
 void Layer::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
   HandleState& s = h.state();
+  if (dedup_) return dedup_->combine_send(s, local, outputs);
   Impl& m = *impl_;
   const std::size_t P = size_, Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
   const int experts = local_experts();
@@ -347,6 +369,7 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
     if (c == 0) continue;
     std::byte* dest = m.cbuf.data() + (s.set * Mk + s.recv_meta[local * P + src]) * out_token_bytes_;
     const std::byte* rows = outputs.data() + first[src] * out_token_bytes_;
+    count(false, src, c * out_token_bytes_);
     if (!packed(ctx_.route(src))) {
       ctx_.put(dest, rows, c * out_token_bytes_, src);
     } else if (ctx_.route(src) == Route::ucx) {
@@ -402,6 +425,11 @@ void Layer::combine_recv(Handle& h, std::span<float> out) {
   // are in flight, so a later call completed first would let call c + S overwrite call c's outputs.
   check_combine_recv(h);
   HandleState& s = h.state();
+  if (dedup_) {
+    dedup_->combine_recv(s, out);
+    finish(s);
+    return;
+  }
   Impl& m = *impl_;
   const std::size_t P = size_, L = map_.max_local();
   // Owner d signals us once it has sent the outputs of all its experts, if we sent it any token.

@@ -51,7 +51,7 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
 
 void State::collective(const char* call, CollKind kind, std::initializer_list<std::int64_t> args,
                        std::initializer_list<const char*> names) {
-  constexpr int kFields = 8;
+  constexpr int kFields = 10;
   // Both are the caller's situation, not a bug in ubep: a peer that never joined an earlier collective
   // (its request is still pending inside MPI), or more values than one record carries.
   if (broken) {

@@ -189,7 +189,7 @@ class Context {
   /// Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each. Communicates: collective over
   /// comm().
   void barrier();
-  /// Collective: every rank passes the same `values` (at most 6) or every rank throws
+  /// Collective: every rank passes the same `values` (at most 8) or every rank throws
   /// Errc::collective_mismatch naming `what`, the value names and their range across ranks. For layers
   /// built on ubep (the MoE setup) to check that all ranks were configured alike.
   /// @note Local completion: on return. Remote completion: none: unlike barrier() it completes no outstanding

@@ -4,6 +4,29 @@
 /// topology-schedule order) and ubep::moe::BspLayer (the plain-MPI baseline: MPI_Alltoall of counts,
 /// MPI_Alltoallv of tokens, all experts compute, MPI_Alltoallv back). Both give bit-identical results.
 ///
+/// Combine modes (Config::combine). Layer moves data in one of three ways; BspLayer always moves one copy per
+/// (token, expert) each way, as Megatron-style dispatchers do, and applies the mode's reduction to its rows,
+/// so the two stay bit-identical in every mode.
+///   per_expert  one copy of a token per (token, expert) each way, and
+///               out[t] = sum_{a = 0..topk-1} w[t,a] * y(t,a), in float from 0, a ascending.
+///   per_rank    one copy per (token, owner rank) each way: a token goes to each rank that owns one of its
+///               experts once, with those experts and their weights; the owner sums its experts' outputs
+///               and sends back one partial row per (token, owner).
+///   per_node    (default) per_rank on the source's own node; across nodes one copy per (token, node): the
+///               source sends the token to the relay rank of that node, which forwards it to the node's owners
+///               over the node's own route, sums their partial rows and sends back one row. The relay of a
+///               source s on node B is the rank of B whose index among B's ranks is (s's index among the
+///               ranks of its node) mod (ranks on B), so every rank relays for its own share of the sources.
+///               On one node it moves exactly what per_rank moves.
+/// per_rank and per_node give bit-identical outputs. Their reduction order, defined once (row type R: the
+/// output dtype, or float under Config::float_partials; "round" = to R, round to nearest even):
+///   P_o[t] = round(sum over a ascending with owner(e_a) = o of w[t,a] * y(t,a))        (float from 0)
+///   N_n[t] = sum over the owners o of t on node n, o ascending, of P_o[t]             (float from 0),
+///            rounded when n is not the node of t's source (the row the relay sends back)
+///   out[t] = sum over the nodes n of t's owners, n ascending, of N_n[t]               (float from 0)
+/// Nodes are Topology::node_of (real hosts, or UBEP_VIRTUAL_NODES). Outputs are bit-identical across runs,
+/// schedules, routes and per_rank/per_node for one config, rank count and node map.
+///
 /// One call, on every rank:
 ///   auto h = layer.dispatch(tokens, topk_idx, topk_weights);     // or dispatch_send + dispatch_recv
 ///   while (auto e = layer.next_expert(h)) {                       // experts in the order they complete
@@ -34,6 +57,7 @@
 #include <vector>
 
 #include "ubep/context.hpp"
+#include "ubep/topology.hpp"
 
 namespace ubep::moe {
 
@@ -55,12 +79,33 @@ float bf16_to_float(std::uint16_t b) noexcept;
 std::uint8_t float_to_e4m3(float f) noexcept;
 float e4m3_to_float(std::uint8_t q) noexcept;
 
+/// How moe::Layer moves tokens and sums expert outputs: see "Combine modes" at the top of this file.
+enum class Combine : std::uint8_t {
+  per_expert,  ///< one copy per (token, expert) each way
+  per_rank,    ///< one copy per (token, owner rank) each way, partial sums at the owner
+  per_node,    ///< per_rank inside a node, one copy per (token, node) across nodes through a relay rank
+};
+const char* to_string(Combine c) noexcept;
+Combine parse_combine(const std::string& name);  // "per_expert", "per_rank", "per_node"; Errc::invalid_argument
+
 struct Config {
-  int num_experts = 0;          ///< experts in the layer, spread over ranks in contiguous blocks
-  int hidden = 0;               ///< elements per token
-  DType dtype = DType::bf16;    ///< element type of the tokens
-  int topk = 1;                 ///< experts per token (distinct)
-  int max_tokens_per_rank = 0;  ///< the largest n any rank passes to dispatch
+  int num_experts = 0;                  ///< experts in the layer, spread over ranks in contiguous blocks
+  int hidden = 0;                       ///< elements per token
+  DType dtype = DType::bf16;            ///< element type of the tokens
+  int topk = 1;                         ///< experts per token (distinct)
+  int max_tokens_per_rank = 0;          ///< the largest n any rank passes to dispatch
+  Combine combine = Combine::per_node;  ///< the data path and reduction order (every rank alike)
+  bool float_partials = false;          ///< per_rank, per_node: partial and node rows in float, not output_dtype
+};
+
+/// Bytes this rank sent to other ranks (itself excluded), counted by the layer since its construction: token
+/// rows in dispatch (hidden x element size, plus the 4-byte scale for e4m3, per copy, relay forwards
+/// included), output rows in combine (expert outputs, partial rows, node rows). Headers, expert lists,
+/// weights and signals are not counted. On-node: to ranks with the same Topology::node_of.
+struct Traffic {
+  std::uint64_t calls = 0;  ///< dispatch_send calls counted
+  std::uint64_t dispatch_on_node = 0, dispatch_off_node = 0;
+  std::uint64_t combine_on_node = 0, combine_off_node = 0;
 };
 
 /// Which ranks own which experts: the first (E mod P) ranks own one expert more.
@@ -108,6 +153,8 @@ class LayerBase {
   /// Bytes of communication buffers this implementation holds on this rank (symmetric + local).
   virtual std::size_t buffer_bytes() const = 0;
   virtual const char* name() const noexcept = 0;
+  /// What this rank has sent so far (see Traffic).
+  const Traffic& traffic() const noexcept { return traffic_; }
 
   /// Starts a dispatch: checks the input, sends every token to the ranks of its top-k experts and returns
   /// as soon as everything is issued. tokens: [n x hidden] of dtype; topk_idx, topk_weights: [n x topk];
@@ -225,6 +272,17 @@ class LayerBase {
   int rank_ = 0, size_ = 1;
   std::uint64_t calls_ = 0;
   std::size_t token_bytes_ = 0, out_token_bytes_ = 0;
+  Traffic traffic_;
+  std::vector<int> node_;  // Topology::node_of per rank
+  /// Partial and node rows in float (per_rank, per_node): float_partials, or f32 outputs.
+  bool partial_f32() const noexcept { return config_.float_partials || output_dtype(config_.dtype) == DType::f32; }
+  /// Counted bytes of one token copy: the payload and the e4m3 scale (Traffic).
+  std::size_t payload_bytes() const noexcept {
+    return static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype) +
+           (config_.dtype == DType::e4m3 ? 4 : 0);
+  }
+  /// Adds `bytes` sent to `pe` to the dispatch or combine counters.
+  void count(bool dispatch, int pe, std::size_t bytes);
 };
 
 /// ubep's dispatch/combine: one-sided, signal-synchronized, overlapped, topology-scheduled.
@@ -248,8 +306,10 @@ class Layer final : public LayerBase {
   /// @note Local completion: none: calls still in flight are abandoned. Remote completion: none. Blocks: no.
   /// Communicates: no.
   ~Layer() override;
-  /// Symmetric heap bytes a Layer needs per rank for this config and run-ahead.
+  /// Symmetric heap bytes a Layer needs per rank for this config and run-ahead, on `ranks` ranks of one node.
   static std::size_t heap_bytes(const Config& config, int ranks, unsigned run_ahead);
+  /// The same for the node map of `topology` (per_node across nodes adds the relays' buffers).
+  static std::size_t heap_bytes(const Config& config, const Topology& topology, unsigned run_ahead);
   std::size_t buffer_bytes() const override;
   const char* name() const noexcept override { return "ubep"; }
   // The contract of these is the @note of each LayerBase declaration, its "Layer" parts.
@@ -263,8 +323,12 @@ class Layer final : public LayerBase {
  private:
   void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
   void release_if_done(HandleState& s);
+  /// Throws OutOfHeap (with the advice) unless `need` bytes fit in the heap's largest free block.
+  void check_heap(std::size_t need) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  struct Dedup;  // per_rank and per_node (moe/dedup.cpp)
+  std::unique_ptr<Dedup> dedup_;
 };
 
 /// The plain-MPI baseline, as Megatron-style dispatchers do it, on ctx.comm().

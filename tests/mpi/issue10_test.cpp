@@ -128,7 +128,7 @@ TEST(Issue10, WaitWritersOutOfRangeAreRejected) {
   const int unknown[] = {-1, 0};
   ctx.wait_until_all(sig.local(), Cmp::ge, 1, {.writers = unknown});  // -1 = unknown is fine
   // Too many values to agree on is the caller's mistake, not Errc::internal.
-  expect_error(Errc::invalid_argument, [&] { ctx.agree("seven", {1, 2, 3, 4, 5, 6, 7}, {}); }, {"7 values"});
+  expect_error(Errc::invalid_argument, [&] { ctx.agree("nine", {1, 2, 3, 4, 5, 6, 7, 8, 9}, {}); }, {"9 values"});
   ctx.finalize();
 }
 
