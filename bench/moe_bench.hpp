@@ -42,6 +42,9 @@ struct Args {
   /// "default" (UBEP_TRANSPORTS as set), or mpi / ucx: UBEP_TRANSPORTS forced to self,shm,<route>. One
   /// Context per (route, schedule).
   std::vector<std::string> routes{"default"};
+  /// moe::Config::combine modes to run (per_expert, per_rank, per_node): one Context per (route, schedule,
+  /// mode), each checked against a moe::BspLayer of the same mode.
+  std::vector<std::string> combine{"per_expert", "per_node"};
   unsigned run_ahead = 0;   // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
   std::string heap_budget;  // empty: a quarter of physical memory over the ranks of the node
   int check_tokens = 8;
@@ -96,6 +99,16 @@ class Comm {
     UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, comm_));
     return v;
   }
+  std::uint64_t min(std::uint64_t v) const {
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MIN, comm_));
+    return v;
+  }
+  void max(std::span<std::uint64_t> v) const {
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_MAX, comm_));
+  }
+  void sum(std::span<std::uint64_t> v) const {
+    UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm_));
+  }
   unsigned bit_or(unsigned v) const {
     UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UNSIGNED, MPI_BOR, comm_));
     return v;
@@ -122,13 +135,26 @@ class Refused : public CheckFailed {
 // ---- results -----------------------------------------------------------------------------------------
 
 /// One ubep Context of a shape: the route it reaches the peers off this node by (its label in rows, JSON
-/// and summary: the forced route, or for "default" the farthest route any rank uses) and its schedule.
+/// and summary: the forced route, or for "default" the farthest route any rank uses), its schedule, and the
+/// Config::combine mode of its Layer.
 struct Variant {
-  std::string route, schedule;
+  std::string route, schedule, combine;
 };
 
+/// Bytes sent to other ranks (LayerBase::traffic()), in the order of the table's columns.
+struct Bytes {
+  std::uint64_t dispatch_on_node = 0, dispatch_off_node = 0, combine_on_node = 0, combine_off_node = 0;
+  std::uint64_t off_node() const { return dispatch_off_node + combine_off_node; }
+};
+inline Bytes bytes_of(const moe::Traffic& t) {
+  return {t.dispatch_on_node, t.dispatch_off_node, t.combine_on_node, t.combine_off_node};
+}
+
 struct Result {
-  std::string impl, route, schedule, routing;
+  std::string impl, route, schedule, combine, routing;
+  /// "ubep/<schedule>/<combine>" ("ubep/<route>/<schedule>/<combine>" when the run has several routes),
+  /// "bsp"
+  std::string label;
   int tokens = 0;
   double compute = 0.0;
   double dispatch_us = 0.0, combine_us = 0.0, layer_us = 0.0;
@@ -136,15 +162,21 @@ struct Result {
   int iterations = 0, warmup = 0;
   unsigned run_ahead = 0;
   std::size_t heap_bytes = 0;
+  /// Per call and rank over the timed iterations: the mean over ranks (rounded to whole bytes) and the
+  /// maximum over ranks.
+  Bytes mean, max;
 };
 
 // ---- the cases (moe_bench_cases.cpp) -----------------------------------------------------------------
 
 /// All routings and compute costs of one size: check, then time every implementation interleaved.
-/// `variants[i]` names `ubep_layers[i]`.
+/// `variants[i]` names `ubep_layers[i]`; `bsp_check[i]` is the moe::BspLayer of its combine mode, which
+/// its outputs must equal; `bsp_timed` the BspLayer of the timed bsp rows (per_expert). `node_of`: every
+/// rank's Topology::node_of (the serial reference of per_rank and per_node).
 void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
                const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
-               moe::LayerBase& bsp_layer, unsigned run_ahead, std::size_t heap,
+               const std::vector<moe::LayerBase*>& bsp_check, moe::LayerBase& bsp_timed,
+               const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap,
                std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc);
 
 // ---- reporting (moe_bench_report.cpp) ----------------------------------------------------------------
@@ -152,6 +184,10 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
 void print_columns();
 void print_row(const Args& a, const Result& r);
 void print_ratio(const Args& a, const Result& u, const Result& b);
+/// One comment line per case: off-node bytes (dispatch + combine, mean over ranks) ubep/bsp per variant.
+void print_off_node_ratios(const std::vector<Result>& ubep, const Result& b);
+/// "12.3 KiB"-style text of a byte count (B, KiB, MiB, GiB).
+std::string human_bytes(double bytes);
 nlohmann::json to_json(const Args& a, int ranks, const Result& r);
 /// The closing lines: our best reduction next to the UBEP paper's figures, and the whole range.
 std::vector<std::string> summarize(const std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& out);

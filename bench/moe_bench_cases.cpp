@@ -243,59 +243,113 @@ Sample run_once(moe::LayerBase& layer, const Inputs& in, Expert& expert, std::sp
 
 // ---- correctness -------------------------------------------------------------------------------------
 
-/// Runs one call of every implementation with the arithmetic expert. Every ubep output must equal the
-/// baseline's bit for bit, and the baseline's must equal a serial reference for a few tokens. Throws
-/// CheckFailed on every rank otherwise.
+/// The serial reference of one output element of token t under `cfg.combine` ("Combine modes" in
+/// moe.hpp): y[a] are the expert outputs as read back (output_dtype), w[a] the weights, owner[a] the rank
+/// of expert a, `me` the source rank.
+float reference(const moe::Config& cfg, std::span<const float> y, std::span<const float> w, std::span<const int> owner,
+                const std::vector<int>& node_of, int me) {
+  const std::size_t topk = y.size();
+  if (cfg.combine == moe::Combine::per_expert) {
+    float acc = 0.0f;
+    for (std::size_t a = 0; a < topk; ++a) acc += w[a] * y[a];
+    return acc;
+  }
+  const moe::DType out_type = moe::output_dtype(cfg.dtype);
+  const bool f32 = cfg.float_partials || out_type == moe::DType::f32;
+  std::byte scratch[8];
+  auto round = [&](float v) { return f32 ? v : store(out_type, scratch, 0, v); };
+  std::vector<int> owners(owner.begin(), owner.end());
+  std::sort(owners.begin(), owners.end());
+  owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+  std::vector<int> nodes;
+  for (const int o : owners) nodes.push_back(node_of[static_cast<std::size_t>(o)]);
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  float out = 0.0f;
+  for (const int n : nodes) {
+    float node_row = 0.0f;
+    for (const int o : owners) {
+      if (node_of[static_cast<std::size_t>(o)] != n) continue;
+      float partial = 0.0f;
+      for (std::size_t a = 0; a < topk; ++a)
+        if (owner[a] == o) partial += w[a] * y[a];
+      node_row += round(partial);
+    }
+    out += n == node_of[static_cast<std::size_t>(me)] ? node_row : round(node_row);
+  }
+  return out;
+}
+
+/// Runs one call of every implementation with the arithmetic expert. Every ubep output must equal that
+/// of the baseline of its combine mode (`bsp[s]`) bit for bit, and every baseline's must equal the serial
+/// reference of its mode for a few tokens. Throws CheckFailed on every rank otherwise.
 void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, const std::vector<moe::LayerBase*>& ubep,
-           const std::vector<Variant>& variants, moe::LayerBase& bsp, int check_tokens, const std::string& what) {
+           const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& bsp,
+           const std::vector<int>& node_of, int check_tokens, const std::string& what) {
   const auto hidden = static_cast<std::size_t>(cfg.hidden);
   const auto topk = static_cast<std::size_t>(cfg.topk);
   const std::size_t n = static_cast<std::size_t>(in.n);
   ArithmeticExpert expert(cfg);
-  std::vector<float> want(n * hidden);
   std::vector<float> got(n * hidden);
   bool ok = true;
 
-  comm.barrier();
-  run_once(bsp, in, expert, want);
+  // One baseline call per distinct BspLayer (per combine mode), in the same order on every rank.
+  std::vector<moe::LayerBase*> baselines;
+  for (moe::LayerBase* b : bsp)
+    if (std::find(baselines.begin(), baselines.end(), b) == baselines.end()) baselines.push_back(b);
+  std::vector<std::vector<float>> want(baselines.size(), std::vector<float>(n * hidden));
+  for (std::size_t i = 0; i < baselines.size(); ++i) {
+    comm.barrier();
+    run_once(*baselines[i], in, expert, want[i]);
+  }
   for (std::size_t s = 0; s < ubep.size(); ++s) {
+    const std::vector<float>& w =
+        want[static_cast<std::size_t>(std::find(baselines.begin(), baselines.end(), bsp[s]) - baselines.begin())];
     std::fill(got.begin(), got.end(), std::nanf(""));
     comm.barrier();
     run_once(*ubep[s], in, expert, got);
-    if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+    if (std::memcmp(got.data(), w.data(), got.size() * sizeof(float)) != 0) {
       std::size_t i = 0;
-      while (i < got.size() && std::memcmp(&got[i], &want[i], sizeof(float)) == 0) ++i;
+      while (i < got.size() && std::memcmp(&got[i], &w[i], sizeof(float)) == 0) ++i;
       std::fprintf(stderr,
-                   "check failed: rank %d, %s, route %s, schedule %s: ubep output differs from bsp at token %zu "
-                   "element %zu: ubep %.9g, bsp %.9g\n",
-                   comm.rank(), what.c_str(), variants[s].route.c_str(), variants[s].schedule.c_str(), i / hidden,
-                   i % hidden, got[i], want[i]);
+                   "check failed: rank %d, %s, route %s, schedule %s, combine %s: ubep output differs from bsp "
+                   "(combine %s) at token %zu element %zu: ubep %.9g, bsp %.9g\n",
+                   comm.rank(), what.c_str(), variants[s].route.c_str(), variants[s].schedule.c_str(),
+                   variants[s].combine.c_str(), variants[s].combine.c_str(), i / hidden, i % hidden, got[i], w[i]);
       ok = false;
     }
   }
 
-  // The serial reference: out[t] = sum_k w[t,k] * y_k, y_k the expert output as read back, k ascending.
+  // The serial reference of each baseline's mode: y(t,a) the expert output as read back, summed as "Combine
+  // modes" in moe.hpp says (per_expert: out[t] = sum_a w[t,a] * y(t,a), a ascending).
   std::vector<std::size_t> picks;
   const std::size_t count = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(check_tokens, 1)));
   for (std::size_t i = 0; i < count; ++i) picks.push_back(count == 1 ? 0 : i * (n - 1) / (count - 1));
   const moe::DType out_type = moe::output_dtype(cfg.dtype);
   std::vector<std::byte> scratch(8);
   const std::size_t in_row = hidden * moe::element_size(cfg.dtype);
-  for (const std::size_t t : picks) {
-    const float scale = cfg.dtype == moe::DType::e4m3 ? in.scales[t] : 1.0f;
-    for (std::size_t j = 0; j < hidden && ok; ++j) {
-      const float x = load(cfg.dtype, in.tokens.data() + t * in_row, j, scale);
-      float acc = 0.0f;
+  std::vector<float> y(topk), w(topk);
+  std::vector<int> owner(topk);
+  for (std::size_t b = 0; b < baselines.size(); ++b) {
+    const moe::Config& bc = baselines[b]->config();
+    for (const std::size_t t : picks) {
+      const float scale = cfg.dtype == moe::DType::e4m3 ? in.scales[t] : 1.0f;
       for (std::size_t k = 0; k < topk; ++k) {
-        const float y = store(out_type, scratch.data(), 0, x * expert_factor(in.idx[t * topk + k]));
-        acc += in.weights[t * topk + k] * y;
+        w[k] = in.weights[t * topk + k];
+        owner[k] = baselines[b]->experts().owner(in.idx[t * topk + k]);
       }
-      if (!(acc == want[t * hidden + j])) {
-        std::fprintf(stderr,
-                     "check failed: rank %d, %s: bsp output of token %zu element %zu is %.9g, the serial reference "
-                     "says %.9g\n",
-                     comm.rank(), what.c_str(), t, j, want[t * hidden + j], acc);
-        ok = false;
+      for (std::size_t j = 0; j < hidden && ok; ++j) {
+        const float x = load(cfg.dtype, in.tokens.data() + t * in_row, j, scale);
+        for (std::size_t k = 0; k < topk; ++k)
+          y[k] = store(out_type, scratch.data(), 0, x * expert_factor(in.idx[t * topk + k]));
+        const float acc = reference(bc, y, w, owner, node_of, comm.rank());
+        if (!(acc == want[b][t * hidden + j])) {
+          std::fprintf(stderr,
+                       "check failed: rank %d, %s: bsp (combine %s) output of token %zu element %zu is %.9g, the "
+                       "serial reference says %.9g\n",
+                       comm.rank(), what.c_str(), moe::to_string(bc.combine), t, j, want[b][t * hidden + j], acc);
+          ok = false;
+        }
       }
     }
   }
@@ -312,15 +366,18 @@ double median_of(const std::vector<Sample>& v, std::size_t metric) {
 
 void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
                const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
-               moe::LayerBase& bsp_layer, unsigned run_ahead, std::size_t heap,
+               const std::vector<moe::LayerBase*>& bsp_check, moe::LayerBase& bsp_timed,
+               const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap,
                std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc) {
   const int rank = comm.rank(), ranks = comm.size(), n = cfg.max_tokens_per_rank;
   const bool root = rank == 0;
-  moe::LayerBase* bsp = &bsp_layer;
+  moe::LayerBase* bsp = &bsp_timed;
+  bool several_routes = false;
+  for (const Variant& v : variants) several_routes = several_routes || v.route != variants.front().route;
   std::vector<float> out(static_cast<std::size_t>(n) * static_cast<std::size_t>(a.hidden));
   for (const std::string& routing : a.routing) {
     const Inputs in = make_inputs(cfg, n, routing, a.zipf, rank);
-    check(comm, cfg, in, ubep_layers, variants, *bsp, a.check_tokens,
+    check(comm, cfg, in, ubep_layers, variants, bsp_check, node_of, a.check_tokens,
           fmt("%d tokens/rank, %s routing", n, routing.c_str()));
 
     for (const double compute : a.compute) {
@@ -328,7 +385,10 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
       std::vector<moe::LayerBase*> impls = ubep_layers;
       impls.push_back(bsp);
       std::vector<std::vector<Sample>> samples(impls.size());
+      std::vector<moe::Traffic> before(impls.size());  // at the first timed iteration
       for (int it = 0; it < warmup + iterations; ++it) {
+        if (it == warmup)
+          for (std::size_t i = 0; i < impls.size(); ++i) before[i] = impls[i]->traffic();
         // Alternate who goes first, so that cache and scheduling effects of the order hit both alike.
         for (std::size_t k = 0; k < impls.size(); ++k) {
           const std::size_t i = it % 2 == 0 ? k : impls.size() - 1 - k;
@@ -338,6 +398,24 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
           if (it >= warmup) samples[i].push_back(s);
         }
       }
+      // Bytes per call over the timed iterations: [impl][column] per rank, then their sum and maximum over ranks.
+      constexpr std::size_t kColumns = 4;
+      std::vector<std::uint64_t> per_call(impls.size() * kColumns), sums, maxima;
+      for (std::size_t i = 0; i < impls.size(); ++i) {
+        const moe::Traffic& t = impls[i]->traffic();
+        const std::uint64_t calls = std::max<std::uint64_t>(t.calls - before[i].calls, 1);
+        const std::uint64_t delta[kColumns] = {
+            t.dispatch_on_node - before[i].dispatch_on_node, t.dispatch_off_node - before[i].dispatch_off_node,
+            t.combine_on_node - before[i].combine_on_node, t.combine_off_node - before[i].combine_off_node};
+        for (std::size_t c = 0; c < kColumns; ++c) per_call[i * kColumns + c] = delta[c] / calls;
+      }
+      sums = maxima = per_call;
+      comm.sum(sums);
+      comm.max(maxima);
+      auto bytes_at = [&](const std::vector<std::uint64_t>& v, std::size_t i, std::uint64_t divisor) {
+        const auto d = [&](std::size_t c) { return (v[i * kColumns + c] + divisor / 2) / divisor; };
+        return Bytes{d(0), d(1), d(2), d(3)};
+      };
       std::vector<Result> results;
       for (std::size_t i = 0; i < impls.size(); ++i) {
         Result r;
@@ -345,6 +423,11 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
         r.impl = impls[i]->name();
         r.route = ubep ? variants[i].route : kBspRoute;
         r.schedule = ubep ? variants[i].schedule : kBspSchedule;
+        r.combine = ubep ? variants[i].combine : moe::to_string(impls[i]->config().combine);
+        r.label = ubep ? "ubep/" + (several_routes ? r.route + "/" : std::string()) + r.schedule + "/" + r.combine
+                       : std::string("bsp");
+        r.mean = bytes_at(sums, i, static_cast<std::uint64_t>(ranks));
+        r.max = bytes_at(maxima, i, 1);
         r.routing = routing;
         r.tokens = n;
         r.compute = compute;
@@ -366,6 +449,7 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
           doc["results"].push_back(to_json(a, ranks, r));
         }
         for (std::size_t s = 0; s < variants.size(); ++s) print_ratio(a, results[s], b);
+        print_off_node_ratios(std::vector<Result>(results.begin(), results.end() - 1), b);
         std::fflush(stdout);
       }
     }

@@ -4,14 +4,16 @@
 /// its tokens are in, send its outputs back, and sum them with the top-k weights. It is timed for ubep
 /// (moe::Layer: one-sided puts + signals, topology schedule) and for the plain-MPI baseline
 /// (moe::BspLayer: MPI_Alltoall + MPI_Alltoallv) in the same job, iteration by iteration interleaved, after
-/// a correctness check that both give bit-identical results equal to a serial reference.
+/// a correctness check that both give bit-identical results equal to a serial reference. ubep runs once per
+/// --combine mode (moe::Config::combine), and every row carries the bytes each call sent on and off the node.
 ///
 /// Run: mpirun -np 4 build/bench/ubep_moe_bench [--tokens 128,2048] [--json FILE] [--plot FILE.png]; see
 /// docs/MOE_BENCH.md. Exit status: 0 ok, 1 a correctness check failed (on every rank), 2 any other error
 /// (the job is aborted, or every rank refused what --routes asks), 3 the plot could not be written.
 ///
-/// This file: the command line (flags, --quick), the run over the sizes (heap and run-ahead, one Context
-/// per route and schedule, the header lines, the summary, the JSON file) and main(). Shared declarations:
+/// This file: the command line (flags, --quick), the run over the sizes (heap and run-ahead from a probe
+/// Context's node map, one Context per route, schedule and combine mode, one BspLayer per mode, the header
+/// lines, the summary, the job's byte totals, the JSON file) and main(). Shared declarations:
 /// moe_bench.hpp; the timed cases: moe_bench_cases.cpp; the table, JSON records, summary lines, plot:
 /// moe_bench_report.cpp.
 #include <mpi.h>
@@ -124,12 +126,31 @@ int run(const Args& a, const Comm& comm) {
       a.schedules.empty() ? std::vector<std::string>{base.schedule} : a.schedules;
   const moe::DType dtype = moe::parse_dtype(a.dtype);
   for (const std::string& s : schedules) (void)ubep::parse_schedule(s);  // throws on a bad name, before any work
-  const std::size_t contexts_per_shape = a.routes.size() * schedules.size();
+  std::vector<moe::Combine> modes;
+  for (const std::string& c : a.combine) modes.push_back(moe::parse_combine(c));
+  const std::size_t contexts_per_shape = a.routes.size() * schedules.size() * modes.size();
   for (const std::string& r : a.routing)
     if (r != "uniform" && r != "skewed") throw std::invalid_argument("--routing: unknown routing " + r);
-  const std::size_t budget = !a.heap_budget.empty()
-                                 ? ubep::parse_size(a.heap_budget, "--heap-budget")
-                                 : physical_memory() / 4 / static_cast<std::size_t>(comm.node_size());
+  // The smallest budget of any rank, so that every rank lowers the run-ahead for the same sizes.
+  const std::size_t budget = static_cast<std::size_t>(
+      comm.min(!a.heap_budget.empty() ? ubep::parse_size(a.heap_budget, "--heap-budget")
+                                      : physical_memory() / 4 / static_cast<std::size_t>(comm.node_size())));
+
+  // The node map, from a probe Context (default options, a small heap): Layer::heap_bytes for per_rank and
+  // per_node depends on it (per_node's relay buffers across nodes). Every rank holds the same gathered
+  // Topology, so every rank computes the same heap.
+  ubep::Topology topology;
+  {
+    ubep::Options o = base;
+    o.heap_size = std::size_t{1} << 20;
+    ubep::Context probe(MPI_COMM_WORLD, o);
+    topology = probe.topology();
+    probe.finalize();
+  }
+  std::vector<int> node_of(static_cast<std::size_t>(ranks));
+  for (int p = 0; p < ranks; ++p) node_of[static_cast<std::size_t>(p)] = topology.node_of(p);
+  // Bytes every layer of the job sent (all calls: checks, warm-up and timed), this rank's, for the totals.
+  Bytes job;
 
   nlohmann::json doc;
   doc["benchmark"] = "ubep_moe_bench";
@@ -137,6 +158,11 @@ int run(const Args& a, const Comm& comm) {
   doc["mpi_library"] = mpi_library();
   doc["ranks"] = ranks;
   doc["statistic"] = "per iteration the maximum over ranks, then the median over iterations, microseconds";
+  doc["bytes_statistic"] =
+      "bytes_per_call: LayerBase::traffic() over the timed iterations divided by the calls, per rank; mean: the "
+      "mean over ranks rounded to whole bytes, max: the maximum over ranks";
+  doc["combine"] = a.combine;
+  doc["bsp_timed_combine"] = "per_expert";
   doc["expert"] = std::string("identity + synthetic compute (") + a.compute_mode + ")";
   doc["results"] = nlohmann::json::array();
   nlohmann::json settings = nlohmann::json::object();
@@ -156,48 +182,92 @@ int run(const Args& a, const Comm& comm) {
     // Heap and run-ahead: every (route, schedule) holds its own Context, all alive at once (interleaved runs).
     const unsigned wanted = a.run_ahead ? a.run_ahead : base.run_ahead;
     unsigned run_ahead = wanted;
-    const std::size_t per_context = moe::Layer::heap_bytes(cfg, ranks, wanted);
+    // Every Context gets the heap of the most demanding mode asked for, on this node map.
+    auto heap_for = [&](unsigned ra) {
+      std::size_t most = 0;
+      for (const moe::Combine m : modes) {
+        moe::Config c = cfg;
+        c.combine = m;
+        most = std::max(most, moe::Layer::heap_bytes(c, topology, ra));
+      }
+      return most;
+    };
+    const std::size_t per_context = heap_for(wanted);
     std::string note;
     if (!a.run_ahead && wanted > 1 && (per_context + slack(per_context)) * contexts_per_shape > budget) {
       run_ahead = 1;
       note = fmt("run-ahead lowered from %u to 1 for %d tokens/rank: ", wanted, n) + mib(per_context) +
-             fmt(" of heap per rank and Context (%zu: routes x schedules) at run-ahead %u exceeds the budget of ",
+             fmt(" of heap per rank and Context (%zu: routes x schedules x combine modes) at run-ahead %u exceeds the "
+                 "budget of ",
                  contexts_per_shape, wanted) +
              mib(budget) + " per rank (--heap-budget; default a quarter of physical memory over the ranks of a node)";
     }
-    const std::size_t needed = moe::Layer::heap_bytes(cfg, ranks, run_ahead);
-    // UBEP_HEAP_SIZE, when set, is a lower bound; otherwise the heap is what the Layer needs plus slack.
-    const std::size_t heap = std::max(std::getenv("UBEP_HEAP_SIZE") ? base.heap_size : 0, needed + slack(needed));
+    const std::size_t needed = heap_for(run_ahead);
+    // UBEP_HEAP_SIZE, when set, is a lower bound; otherwise the heap is what the Layer needs plus slack. The
+    // largest over ranks, should UBEP_HEAP_SIZE differ between them (the heap is symmetric).
+    const std::size_t heap = static_cast<std::size_t>(
+        comm.max(std::max(std::getenv("UBEP_HEAP_SIZE") ? base.heap_size : 0, needed + slack(needed))));
     if ((heap * contexts_per_shape) > budget && root)
       std::fprintf(stderr, "ubep_moe_bench: warning: %zu context(s) x %s of heap per rank exceeds the budget of %s\n",
                    contexts_per_shape, mib(heap).c_str(), mib(budget).c_str());
 
-    // One Context per (route, schedule), route by route; each route's union over ranks of the routes used.
+    // One Context per (route, schedule, combine mode), route by route, then schedule by schedule; each
+    // route's union over ranks of the routes used.
     std::vector<std::unique_ptr<ubep::Context>> contexts;
     std::vector<std::unique_ptr<moe::Layer>> layers;
     std::vector<Variant> variants;
     std::vector<unsigned> used_by;
     for (const std::string& route : a.routes) {
       for (const std::string& s : schedules) {
-        ubep::Options o = base;
-        if (route != "default") o.transports = {"self", "shm", route};
-        o.schedule = s;
-        o.heap_size = heap;
-        o.run_ahead = run_ahead;
-        contexts.push_back(std::make_unique<ubep::Context>(MPI_COMM_WORLD, o));
-        layers.push_back(std::make_unique<moe::Layer>(*contexts.back(), cfg));
-        used_by.push_back(routes_used(*contexts.back(), comm));
-        variants.push_back({route == "default" ? farthest(used_by.back()) : route, s});
+        for (const moe::Combine m : modes) {
+          ubep::Options o = base;
+          if (route != "default") o.transports = {"self", "shm", route};
+          o.schedule = s;
+          o.heap_size = heap;
+          o.run_ahead = run_ahead;
+          moe::Config c = cfg;
+          c.combine = m;
+          contexts.push_back(std::make_unique<ubep::Context>(MPI_COMM_WORLD, o));
+          layers.push_back(std::make_unique<moe::Layer>(*contexts.back(), c));
+          used_by.push_back(routes_used(*contexts.back(), comm));
+          variants.push_back({route == "default" ? farthest(used_by.back()) : route, s, moe::to_string(m)});
+        }
       }
     }
-    auto bsp = std::make_unique<moe::BspLayer>(*contexts.front(), cfg);
-    std::vector<moe::LayerBase*> ubep_layers;
-    for (auto& l : layers) ubep_layers.push_back(l.get());
+    // The baselines: one BspLayer per combine mode asked for, which the check compares each ubep variant
+    // with, and the per_expert one (first), which the bsp rows time: BspLayer moves the same bytes in every
+    // mode, only its reduction differs. All on the first Context's communicator, in the same order everywhere.
+    std::vector<std::unique_ptr<moe::BspLayer>> bsps;
+    std::vector<moe::Combine> bsp_modes{moe::Combine::per_expert};
+    for (const moe::Combine m : modes)
+      if (std::find(bsp_modes.begin(), bsp_modes.end(), m) == bsp_modes.end()) bsp_modes.push_back(m);
+    for (const moe::Combine m : bsp_modes) {
+      moe::Config c = cfg;
+      c.combine = m;
+      bsps.push_back(std::make_unique<moe::BspLayer>(*contexts.front(), c));
+    }
+    std::vector<moe::LayerBase*> ubep_layers, bsp_check;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      ubep_layers.push_back(layers[i].get());
+      const auto m = layers[i]->config().combine;
+      bsp_check.push_back(
+          bsps[static_cast<std::size_t>(std::find(bsp_modes.begin(), bsp_modes.end(), m) - bsp_modes.begin())].get());
+    }
+    moe::BspLayer& bsp = *bsps.front();
 
     // Layers first (their symmetric memory belongs to the contexts), then the contexts, in the same order
     // on every rank. Also on a failed check or a refusal, which every rank sees at the same point.
     auto release = [&] {
-      bsp.reset();
+      auto add = [&job](const moe::LayerBase& l) {
+        const Bytes b = bytes_of(l.traffic());
+        job.dispatch_on_node += b.dispatch_on_node;
+        job.dispatch_off_node += b.dispatch_off_node;
+        job.combine_on_node += b.combine_on_node;
+        job.combine_off_node += b.combine_off_node;
+      };
+      for (const auto& b : bsps) add(*b);
+      for (const auto& l : layers) add(*l);
+      bsps.clear();
       layers.clear();
       for (auto& c : contexts) c->finalize();
       contexts.clear();
@@ -220,9 +290,10 @@ int run(const Args& a, const Comm& comm) {
       // Per route (the first Context of each): what it was asked, what it uses, from rank 0 and anywhere.
       std::vector<std::string> route_lines;
       nlohmann::json ubep_routes = nlohmann::json::array();
-      for (std::size_t v = 0; v < variants.size(); v += schedules.size()) {
+      const std::size_t per_route = schedules.size() * modes.size();
+      for (std::size_t v = 0; v < variants.size(); v += per_route) {
         const ubep::Context& c = *contexts[v];
-        const std::string& asked = a.routes[v / schedules.size()];
+        const std::string& asked = a.routes[v / per_route];
         std::vector<std::string> from0;
         for (int pe = 0; pe < ranks; ++pe) from0.push_back(ubep::to_string(c.route(pe)));
         const std::string transports = join(c.options().transports, ",");
@@ -255,8 +326,14 @@ int run(const Args& a, const Comm& comm) {
         std::printf(
             "# shape: hidden %d, %s, top-%d of %d experts (%d per rank); routing: %s (skewed: Zipf s=%.2f over "
             "a fixed expert order, one hot expert)\n",
-            a.hidden, a.dtype.c_str(), a.topk, a.experts, bsp->experts().max_local(), join(a.routing, ",").c_str(),
+            a.hidden, a.dtype.c_str(), a.topk, a.experts, bsp.experts().max_local(), join(a.routing, ",").c_str(),
             a.zipf);
+        std::printf(
+            "# combine modes (--combine, moe::Config::combine): %s; one ubep Context per route, schedule and mode, "
+            "each checked bit for bit against a moe::BspLayer of its own mode; the bsp rows time the BspLayer with "
+            "combine per_expert (a BspLayer moves one copy per (token, expert) each way in every mode, only its "
+            "reduction differs)\n",
+            join(a.combine, ",").c_str());
         std::printf(
             "# expert: identity (outputs = its input buffer) + synthetic compute of 'compute' us per token "
             "(%s); correctness checked first with y = x*(1+0.01*(e+1)) against a serial reference\n",
@@ -267,6 +344,12 @@ int run(const Args& a, const Comm& comm) {
         std::printf(
             "# dispatch: dispatch_send until the last local expert is handed out; combine: first "
             "combine_send until combine_recv returns; layer: the whole call, expert compute included\n");
+        std::printf(
+            "# bytes (disp_on, disp_off, comb_on, comb_off): per call and rank, sent to other ranks on the sender's "
+            "node (on) or on other nodes (off), as LayerBase::traffic() counts them (token rows in dispatch, relay "
+            "forwards included; output, partial and node rows in combine; headers, weights and signals not "
+            "counted), over the timed iterations; each cell is mean/max over ranks in the unit of the max; in "
+            "ubep/bsp rows the ratio of the means\n");
         print_columns();
       }
     }
@@ -275,18 +358,20 @@ int run(const Args& a, const Comm& comm) {
       std::string order;  // the schedules do not depend on the route: those of the first route
       for (std::size_t s = 0; s < schedules.size(); ++s) {
         std::vector<std::string> peers;
-        for (int p : layers[s]->schedule()) peers.push_back(std::to_string(p));
+        for (int p : layers[s * modes.size()]->schedule()) peers.push_back(std::to_string(p));
         order += (s ? "; " : "") + schedules[s] + ": " + join(peers, ",");
       }
       std::printf(
           "# %d tokens/rank: %d iterations + %d warm-up; ubep heap %s per rank and Context "
-          "(Layer::heap_bytes %s, run-ahead %u); rank 0 serves peers in order %s\n",
+          "(Layer::heap_bytes %s, the most of the modes on this node map, run-ahead %u); rank 0 serves peers in "
+          "order %s\n",
           n, iterations, warmup, mib(heap).c_str(), mib(needed).c_str(), run_ahead, order.c_str());
       std::fflush(stdout);
     }
 
     try {
-      run_shape(a, comm, cfg, iterations, warmup, variants, ubep_layers, *bsp, run_ahead, heap, pairs, doc);
+      run_shape(a, comm, cfg, iterations, warmup, variants, ubep_layers, bsp_check, bsp, node_of, run_ahead, heap,
+                pairs, doc);
     } catch (const CheckFailed&) {
       release();
       throw;
@@ -294,8 +379,43 @@ int run(const Args& a, const Comm& comm) {
     release();
   }
 
+  // The whole job's bytes per rank (every layer, every call), gathered, and per node of the sender: what the
+  // links between nodes carried of the layers' payload (multinode.sh puts it beside the links' counters).
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks) * 4, 0);
+  const std::uint64_t mine[4] = {job.dispatch_on_node, job.dispatch_off_node, job.combine_on_node,
+                                 job.combine_off_node};
+  std::copy(std::begin(mine), std::end(mine), all.begin() + static_cast<std::ptrdiff_t>(rank) * 4);
+  comm.sum(all);
+  nlohmann::json job_ranks = nlohmann::json::array(), job_nodes = nlohmann::json::array();
+  std::vector<std::uint64_t> node_off(static_cast<std::size_t>(topology.num_nodes()), 0);
+  for (int p = 0; p < ranks; ++p) {
+    const std::uint64_t* b = all.data() + static_cast<std::size_t>(p) * 4;
+    job_ranks.push_back({{"rank", p},
+                         {"node", node_of[static_cast<std::size_t>(p)]},
+                         {"host", topology.place(p).host},
+                         {"dispatch_on_node", b[0]},
+                         {"dispatch_off_node", b[1]},
+                         {"combine_on_node", b[2]},
+                         {"combine_off_node", b[3]}});
+    node_off[static_cast<std::size_t>(node_of[static_cast<std::size_t>(p)])] += b[1] + b[3];
+  }
+  std::string job_line =
+      "bytes the layers sent off their node over the whole job (every layer and call: checks, "
+      "warm-up, timed), per node of the sender:";
+  for (int nd = 0; nd < topology.num_nodes(); ++nd) {
+    const std::vector<int> on = topology.ranks_on_node(nd);
+    const std::string host = on.empty() ? std::string() : topology.place(on.front()).host;
+    job_nodes.push_back({{"node", nd}, {"host", host}, {"off_node_sent", node_off[static_cast<std::size_t>(nd)]}});
+    job_line += fmt(" node %d (%s) %llu B = ", nd, host.c_str(),
+                    static_cast<unsigned long long>(node_off[static_cast<std::size_t>(nd)])) +
+                human_bytes(static_cast<double>(node_off[static_cast<std::size_t>(nd)])) +
+                (nd + 1 < topology.num_nodes() ? ";" : "");
+  }
+  doc["job_traffic"] = {{"per_rank", job_ranks}, {"per_node", job_nodes}};
+
   nlohmann::json summary = nlohmann::json::object();
-  const std::vector<std::string> lines = summarize(pairs, summary);
+  std::vector<std::string> lines = summarize(pairs, summary);
+  lines.push_back(job_line);
   doc["summary"] = summary;
   doc["summary_lines"] = lines;
   if (root) {
@@ -377,6 +497,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember({"default", "mpi", "ucx"}));
+  app.add_option("--combine", a.combine,
+                 "moe::Config::combine modes of the ubep layer, a list of per_expert, per_rank, per_node; one Context "
+                 "per route, schedule and mode, each checked against a BspLayer of the same mode")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::IsMember({"per_expert", "per_rank", "per_node"}));
   app.add_option("--run-ahead", a.run_ahead,
                  "ubep buffer sets (calls a rank may run ahead); default UBEP_RUN_AHEAD (2), lowered to 1 for a size "
                  "whose heap exceeds --heap-budget")
@@ -408,6 +534,11 @@ int main(int argc, char** argv) {
         throw CLI::ValidationError("--routes", a.routes[i] + " is named twice");
       if (a.routes[i] == "ucx" && !UBEP_HAVE_UCX)
         throw CLI::ValidationError("--routes", "ucx: this build has no UCX (apt-get install libucx-dev)");
+    }
+    for (std::size_t i = 0; i < a.combine.size(); ++i) {
+      if (std::find(a.combine.begin(), a.combine.begin() + static_cast<std::ptrdiff_t>(i), a.combine[i]) !=
+          a.combine.begin() + static_cast<std::ptrdiff_t>(i))
+        throw CLI::ValidationError("--combine", a.combine[i] + " is named twice");
     }
   } catch (const CLI::ParseError& e) {
     const int rc = world_rank == 0 ? app.exit(e) : e.get_exit_code();

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -22,36 +24,98 @@ namespace ubep::bench::moe_bench {
 
 namespace {
 
-const char* kRowFormat = "%8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %12s %12s %12s %11s\n";
+const char* kRowFormat = "%8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %-10s %12s %12s %12s %11s %17s %17s %17s %17s\n";
+
+/// A byte cell: "mean/max" in the unit of the max ("1.5/2.0KiB", "0/0B").
+std::string bytes_cell(std::uint64_t mean, std::uint64_t max) {
+  if (max < 1024) return fmt("%llu/%lluB", static_cast<unsigned long long>(mean), static_cast<unsigned long long>(max));
+  const char* units[] = {"KiB", "MiB", "GiB"};
+  double scale = 1024.0;
+  std::size_t u = 0;
+  while (u + 1 < std::size(units) && static_cast<double>(max) >= scale * 1024.0) {
+    scale *= 1024.0;
+    ++u;
+  }
+  return fmt("%.1f/%.1f%s", static_cast<double>(mean) / scale, static_cast<double>(max) / scale, units[u]);
+}
+
+/// ubep/bsp of one byte column (means over ranks); "-" when the baseline sent nothing there.
+std::string bytes_ratio(std::uint64_t u, std::uint64_t b) {
+  return b == 0 ? std::string("-") : fmt("%.3f", static_cast<double>(u) / static_cast<double>(b));
+}
 
 }  // namespace
 
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  std::size_t u = 0;
+  while (u + 1 < std::size(units) && bytes >= 1024.0) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt("%.0f B", bytes) : fmt("%.1f %s", bytes, units[u]);
+}
+
 void print_columns() {
-  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %12s %12s %12s %11s\n", "# tokens", "hidden", "topk",
-              "experts", "dtype", "routing", "compute", "impl", "route", "schedule", "dispatch_us", "combine_us",
-              "layer_us", "buffer_MiB");
+  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %-10s %12s %12s %12s %11s %17s %17s %17s %17s\n", "# tokens",
+              "hidden", "topk", "experts", "dtype", "routing", "compute", "impl", "route", "schedule", "combine",
+              "dispatch_us", "combine_us", "layer_us", "buffer_MiB", "disp_on", "disp_off", "comb_on", "comb_off");
 }
 
 void print_row(const Args& a, const Result& r) {
   std::printf(kRowFormat, std::to_string(r.tokens).c_str(), std::to_string(a.hidden).c_str(),
               std::to_string(a.topk).c_str(), std::to_string(a.experts).c_str(), a.dtype.c_str(), r.routing.c_str(),
-              fmt("%.2f", r.compute).c_str(), r.impl.c_str(), r.route.c_str(), r.schedule.c_str(),
+              fmt("%.2f", r.compute).c_str(), r.impl.c_str(), r.route.c_str(), r.schedule.c_str(), r.combine.c_str(),
               fmt("%.1f", r.dispatch_us).c_str(), fmt("%.1f", r.combine_us).c_str(), fmt("%.1f", r.layer_us).c_str(),
-              fmt("%.1f", static_cast<double>(r.buffer_bytes) / kMiB).c_str());
+              fmt("%.1f", static_cast<double>(r.buffer_bytes) / kMiB).c_str(),
+              bytes_cell(r.mean.dispatch_on_node, r.max.dispatch_on_node).c_str(),
+              bytes_cell(r.mean.dispatch_off_node, r.max.dispatch_off_node).c_str(),
+              bytes_cell(r.mean.combine_on_node, r.max.combine_on_node).c_str(),
+              bytes_cell(r.mean.combine_off_node, r.max.combine_off_node).c_str());
 }
 
 void print_ratio(const Args& a, const Result& u, const Result& b) {
   std::printf(kRowFormat, std::to_string(u.tokens).c_str(), std::to_string(a.hidden).c_str(),
               std::to_string(a.topk).c_str(), std::to_string(a.experts).c_str(), a.dtype.c_str(), u.routing.c_str(),
-              fmt("%.2f", u.compute).c_str(), "ubep/bsp", u.route.c_str(), u.schedule.c_str(),
+              fmt("%.2f", u.compute).c_str(), "ubep/bsp", u.route.c_str(), u.schedule.c_str(), u.combine.c_str(),
               fmt("%.3f", u.dispatch_us / b.dispatch_us).c_str(), fmt("%.3f", u.combine_us / b.combine_us).c_str(),
-              fmt("%.3f", u.layer_us / b.layer_us).c_str(), "-");
+              fmt("%.3f", u.layer_us / b.layer_us).c_str(), "-",
+              bytes_ratio(u.mean.dispatch_on_node, b.mean.dispatch_on_node).c_str(),
+              bytes_ratio(u.mean.dispatch_off_node, b.mean.dispatch_off_node).c_str(),
+              bytes_ratio(u.mean.combine_on_node, b.mean.combine_on_node).c_str(),
+              bytes_ratio(u.mean.combine_off_node, b.mean.combine_off_node).c_str());
+}
+
+void print_off_node_ratios(const std::vector<Result>& ubep, const Result& b) {
+  if (ubep.empty()) return;
+  const Result& c = ubep.front();
+  std::string line =
+      fmt("# off-node bytes per call ubep/bsp (%d tokens/rank, %s, %.2f us/token; dispatch + combine, "
+          "mean over ranks; bsp %s):",
+          c.tokens, c.routing.c_str(), c.compute, human_bytes(static_cast<double>(b.mean.off_node())).c_str());
+  if (b.mean.off_node() == 0) {
+    line += " n/a, no off-node traffic (every peer on one node)";
+  } else {
+    for (const Result& u : ubep)
+      line += " " + u.label + " " +
+              fmt("%.3f", static_cast<double>(u.mean.off_node()) / static_cast<double>(b.mean.off_node())) +
+              (&u == &ubep.back() ? "" : ",");
+  }
+  std::printf("%s\n", line.c_str());
 }
 
 nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
+  auto bytes = [](const Bytes& b) {
+    return nlohmann::json{{"dispatch_on_node", b.dispatch_on_node},
+                          {"dispatch_off_node", b.dispatch_off_node},
+                          {"combine_on_node", b.combine_on_node},
+                          {"combine_off_node", b.combine_off_node}};
+  };
   return {{"impl", r.impl},
+          {"label", r.label},
           {"route", r.route},
           {"schedule", r.schedule},
+          {"combine", r.combine},
           {"routing", r.routing},
           {"tokens", r.tokens},
           {"hidden", a.hidden},
@@ -67,7 +131,8 @@ nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
           {"iterations", r.iterations},
           {"warmup", r.warmup},
           {"run_ahead", r.run_ahead},
-          {"heap_bytes", r.heap_bytes}};
+          {"heap_bytes", r.heap_bytes},
+          {"bytes_per_call", {{"mean", bytes(r.mean)}, {"max", bytes(r.max)}}}};
 }
 
 namespace {
@@ -79,8 +144,8 @@ std::string change(double ratio) {
 }
 
 std::string case_name(const Result& r) {
-  return fmt("%d tokens/rank, %s routing, %.2f us/token compute, route %s, schedule %s", r.tokens, r.routing.c_str(),
-             r.compute, r.route.c_str(), r.schedule.c_str());
+  return fmt("%d tokens/rank, %s routing, %.2f us/token compute, route %s, schedule %s, combine %s", r.tokens,
+             r.routing.c_str(), r.compute, r.route.c_str(), r.schedule.c_str(), r.combine.c_str());
 }
 
 }  // namespace
@@ -152,6 +217,34 @@ std::vector<std::string> summarize(const std::vector<std::pair<Result, Result>>&
               route.c_str(), r.ratio, r.worst, r.cases));
       out["per_route"][route] = {
           {"best_ratio", r.ratio}, {"worst_ratio", r.worst}, {"cases", r.cases}, {"best_case", case_name(*r.u)}};
+    }
+  }
+  // With several combine modes (--combine), each one's range of layer time and of off-node bytes ubep/bsp.
+  std::vector<std::string> modes;
+  for (const auto& [u, b] : pairs)
+    if (std::find(modes.begin(), modes.end(), u.combine) == modes.end()) modes.push_back(u.combine);
+  if (modes.size() > 1) {
+    for (const std::string& mode : modes) {
+      const Best r = best_of([&mode](const Result& x) { return x.combine == mode; });
+      double lo = 0.0, hi = 0.0;
+      int with_off = 0;
+      for (const auto& [u, b] : pairs) {
+        if (u.combine != mode || b.mean.off_node() == 0) continue;
+        const double x = static_cast<double>(u.mean.off_node()) / static_cast<double>(b.mean.off_node());
+        lo = with_off ? std::min(lo, x) : x;
+        hi = with_off ? std::max(hi, x) : x;
+        ++with_off;
+      }
+      lines.push_back(fmt("combine %s: layer time ubep/bsp from %.3f (best) to %.3f (worst) over its %d cases; ",
+                          mode.c_str(), r.ratio, r.worst, r.cases) +
+                      (with_off ? fmt("off-node bytes ubep/bsp %.3f to %.3f", lo, hi)
+                                : std::string("no off-node bytes (one node)")));
+      out["per_combine"][mode] = {{"best_ratio", r.ratio},
+                                  {"worst_ratio", r.worst},
+                                  {"cases", r.cases},
+                                  {"best_case", case_name(*r.u)},
+                                  {"off_node_bytes_ratio_min", with_off ? nlohmann::json(lo) : nlohmann::json()},
+                                  {"off_node_bytes_ratio_max", with_off ? nlohmann::json(hi) : nlohmann::json()}};
     }
   }
   lines.push_back(

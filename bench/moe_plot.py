@@ -2,8 +2,8 @@
 """Plots, or checks, the JSON output of ubep_moe_bench (the MoE dispatch/combine benchmark).
 
 Plot: dispatch+combine latency against tokens per rank, one line per implementation (ubep once per
-schedule, and per route when the run has several), one panel per routing (uniform, skewed), and below
-each the ratio ubep/bsp.
+schedule and combine mode, and per route when the run has several), one panel per routing (uniform,
+skewed), and below each the ratio ubep/bsp.
   mpirun -np 4 ./build/bench/ubep_moe_bench --tokens 32,64,128,256,512,1024,2048 --json moe.json
   /usr/bin/python3 bench/moe_plot.py moe.json -o moe.png [--metric layer] [--compute 0]
 "dispatch+combine latency" is layer_us of the cases without expert compute (the whole call, end to end);
@@ -12,25 +12,32 @@ matplotlib (Debian: python3-matplotlib; call /usr/bin/python3 if a pyenv python3
 
 Check (the bench-smoke tests; needs no matplotlib):
   moe_plot.py --check [--ranks 4] [--schedules linear,shifted,topology] [--routes mpi] [--nodes 2]
-              [--ubep-routes mpi,ucx] -- mpirun -np 4 ./ubep_moe_bench --quick ...
+              [--ubep-routes mpi,ucx] [--combine per_expert,per_rank,per_node] -- mpirun -np 4 ./ubep_moe_bench ...
 runs the command with `--json FILE` appended and fails (exit 1) unless it exits 0, prints the header, one
-row per record plus the ubep/bsp ratio rows and the summary, and the JSON has, for every combination of
-tokens x routing x compute, exactly one bsp record and one ubep record per route and schedule, with
-positive finite latencies and buffer sizes; --routes/--nodes compare the routes used (by any rank, over
-all ubep routes) and the node count, --ubep-routes the routes ubep was timed over (the record labels, and
-one summary line each when there are several). It then draws the plot into a temporary file when
-matplotlib is available.
+row per record plus the ubep/bsp ratio rows, one off-node bytes line per case and the summary, and the
+JSON has, for every combination of tokens x routing x compute, exactly one bsp record and one ubep record
+per route, schedule and combine mode (--combine, default the JSON's own list), with positive finite
+latencies and buffer sizes and whole, non-negative byte counts (mean <= max). The byte counts must agree
+with what the modes promise: ubep per_expert moves exactly BSP's bytes (every column, mean and max), no
+mode sends more off the node than per_expert, per_node no more than per_rank, and on one node nothing goes
+off the node and per_node moves exactly per_rank's bytes. --routes/--nodes compare the routes used (by
+any rank, over all ubep routes) and the node count, --ubep-routes the routes ubep was timed over (the
+record labels, and one summary line each when there are several). It then draws the plot into a
+temporary file when matplotlib is available.
 """
 import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
-FIELDS = ("impl", "route", "schedule", "routing", "tokens", "hidden", "topk", "experts", "ranks", "dtype",
-          "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes")
+FIELDS = ("impl", "label", "route", "schedule", "combine", "routing", "tokens", "hidden", "topk", "experts", "ranks",
+          "dtype", "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes", "bytes_per_call")
+BYTE_KEYS = ("dispatch_on_node", "dispatch_off_node", "combine_on_node", "combine_off_node")
+BYTE_CELL = re.compile(r"^[0-9]+(\.[0-9]+)?/[0-9]+(\.[0-9]+)?(B|KiB|MiB|GiB)$")
 METRICS = {
     "layer": ("layer_us", "dispatch + combine latency (us)"),
     "dispatch": ("dispatch_us", "dispatch (us)"),
@@ -55,7 +62,9 @@ def value(rec, metric):
 def label(rec, routes):
     if rec["impl"] == "bsp":
         return "bsp (MPI_Alltoallv)"
-    return f"ubep ({rec['route']}, {rec['schedule']})" if len(routes) > 1 else f"ubep ({rec['schedule']})"
+    combine = rec.get("combine", "per_expert")
+    return (f"ubep ({rec['route']}, {rec['schedule']}, {combine})" if len(routes) > 1 else
+            f"ubep ({rec['schedule']}, {combine})")
 
 
 def ubep_routes(results):
@@ -189,6 +198,11 @@ def check_doc(doc, args):
     if sorted(r["route"] for r in doc.get("ubep_routes", [])) != routes:
         fail(f"the JSON's ubep_routes {doc.get('ubep_routes')} do not match the records' routes {routes}")
     schedules = args.schedules.split(",") if args.schedules else None
+    modes = args.combine.split(",") if args.combine else doc.get("combine")
+    if not modes or doc.get("combine") != modes:
+        fail(f"the JSON's combine modes {doc.get('combine')!r}, expected {modes!r}")
+    if "job_traffic" not in doc or len(doc["job_traffic"].get("per_rank", [])) != doc["ranks"]:
+        fail("the JSON lacks job_traffic with one record per rank")
     for case in cases:
         recs = [r for r in results if keys(r) == case]
         bsp = [r for r in recs if r["impl"] == "bsp"]
@@ -196,11 +210,58 @@ def check_doc(doc, args):
         if len(bsp) != 1:
             fail(f"case {case}: {len(bsp)} bsp records, expected 1")
         for route in routes:
-            have = sorted(r["schedule"] for r in ubep if r["route"] == route)
+            per_schedule = {}
+            for r in ubep:
+                if r["route"] == route:
+                    per_schedule.setdefault(r["schedule"], []).append(r["combine"])
+            have = sorted(per_schedule)
             if schedules is not None and have != sorted(schedules):
                 fail(f"case {case}, route {route}: ubep schedules {have}, expected {sorted(schedules)}")
-            if not have or len(set(have)) != len(have):
-                fail(f"case {case}, route {route}: ubep schedules {have}")
+            if not have:
+                fail(f"case {case}, route {route}: no ubep record")
+            for schedule, got in per_schedule.items():
+                if sorted(got) != sorted(modes):
+                    fail(f"case {case}, route {route}, schedule {schedule}: combine modes {got}, expected {modes}")
+        check_bytes(case, bsp[0], ubep, doc["nodes"])
+
+
+def check_bytes(case, bsp, ubep, nodes):
+    """The byte counts of one case: well formed, and as the combine modes promise (see the module doc)."""
+    def cols(rec, stat):
+        b = rec["bytes_per_call"][stat]
+        return [b[k] for k in BYTE_KEYS]
+
+    for rec in [bsp] + ubep:
+        for stat in ("mean", "max"):
+            for k in BYTE_KEYS:
+                v = rec["bytes_per_call"].get(stat, {}).get(k)
+                if not isinstance(v, int) or v < 0:
+                    fail(f"case {case}, {rec['label']}: bytes_per_call.{stat}.{k} = {v!r}, "
+                         "expected a whole number >= 0")
+        if any(m > x for m, x in zip(cols(rec, "mean"), cols(rec, "max"))):
+            fail(f"case {case}, {rec['label']}: a mean over ranks above the maximum: {rec['bytes_per_call']}")
+        if nodes == 1 and (cols(rec, "max")[1] or cols(rec, "max")[3]):
+            fail(f"case {case}, {rec['label']}: off-node bytes on one node: {rec['bytes_per_call']}")
+    if sum(cols(bsp, "mean")) == 0:
+        fail(f"case {case}: bsp moved no bytes")
+    def off(rec):
+        return rec["bytes_per_call"]["mean"]["dispatch_off_node"] + rec["bytes_per_call"]["mean"]["combine_off_node"]
+
+    for u in ubep:
+        same = cols(u, "mean") == cols(bsp, "mean") and cols(u, "max") == cols(bsp, "max")
+        if u["combine"] == "per_expert" and not same:
+            fail(f"case {case}, {u['label']}: per_expert bytes {u['bytes_per_call']} differ from bsp's "
+                 f"{bsp['bytes_per_call']} (both move one copy per (token, expert))")
+        if off(u) > off(bsp):
+            fail(f"case {case}, {u['label']}: {off(u)} off-node bytes, more than bsp's {off(bsp)}")
+        if u["combine"] == "per_node":
+            for v in ubep:
+                if v["combine"] == "per_rank" and v["route"] == u["route"] and v["schedule"] == u["schedule"]:
+                    if off(u) > off(v):
+                        fail(f"case {case}, {u['label']}: {off(u)} off-node bytes, more than per_rank's {off(v)}")
+                    if nodes == 1 and (cols(u, "mean") != cols(v, "mean") or cols(u, "max") != cols(v, "max")):
+                        fail(f"case {case}, {u['label']}: on one node per_node moved {u['bytes_per_call']}, "
+                             f"per_rank {v['bytes_per_call']}")
 
 
 def check_text(text, doc):
@@ -212,8 +273,11 @@ def check_text(text, doc):
     if not any(line.startswith("# UBEP paper:") for line in lines) or not any(
             line.startswith("# here:") for line in lines):
         fail("no summary next to the paper's figures")
+    titles = [line for line in lines if line.startswith("# tokens") and "dispatch_us" in line][0].split()[1:]
+    if titles[-4:] != ["disp_on", "disp_off", "comb_on", "comb_off"] or titles[10] != "combine":
+        fail(f"unexpected column titles {titles}")
     rows = [line.split() for line in lines if line.strip() and not line.startswith("#")]
-    if any(len(r) != 14 for r in rows):
+    if any(len(r) != 19 for r in rows):
         fail("table rows of an unexpected shape")
     data = [r for r in rows if r[7] in ("ubep", "bsp")]
     ratios = [r for r in rows if r[7] == "ubep/bsp"]
@@ -221,11 +285,21 @@ def check_text(text, doc):
         fail("table rows of an unexpected shape")
     if len(data) != len(doc["results"]):
         fail(f"{len(data)} table rows, {len(doc['results'])} JSON records")
-    if sorted((r[7], r[8], r[9]) for r in data) != sorted((r["impl"], r["route"], r["schedule"])
-                                                          for r in doc["results"]):
-        fail("the table's (impl, route, schedule) cells differ from the JSON records'")
+    if sorted((r[7], r[8], r[9], r[10]) for r in data) != sorted((r["impl"], r["route"], r["schedule"], r["combine"])
+                                                                 for r in doc["results"]):
+        fail("the table's (impl, route, schedule, combine) cells differ from the JSON records'")
+    for r in data:
+        if not all(BYTE_CELL.match(c) for c in r[15:]):
+            fail(f"row {r}: byte cells are not mean/max<unit>")
+    for r in ratios:
+        for c in r[15:]:
+            if c != "-" and not re.match(r"^[0-9]+\.[0-9]{3}$", c):
+                fail(f"ratio row {r}: byte ratio {c!r}")
     if len(ratios) != sum(1 for r in doc["results"] if r["impl"] == "ubep"):
         fail("not one ubep/bsp ratio row per ubep record")
+    cases = sum(1 for r in doc["results"] if r["impl"] == "bsp")
+    if sum(1 for line in lines if line.startswith("# off-node bytes per call ubep/bsp")) != cases:
+        fail("not one off-node bytes line per case")
     routes = ubep_routes(doc["results"])
     if len(routes) > 1:
         for route in routes:
@@ -252,6 +326,7 @@ def main():
     p.add_argument("--routes", help="--check: expected routes used, e.g. mpi or self,shm")
     p.add_argument("--ubep-routes", help="--check: expected routes ubep was timed over, e.g. mpi,ucx")
     p.add_argument("--schedules", help="--check: expected ubep schedules, e.g. linear,shifted,topology")
+    p.add_argument("--combine", help="--check: expected ubep combine modes, e.g. per_expert,per_rank,per_node")
     args = p.parse_args(argv)
     if args.check:
         check(args, command)

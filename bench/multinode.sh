@@ -10,12 +10,16 @@
 #        spine        2 emulated nodes under two switches (the path crosses the spine, shaped)
 #      Between nodes each job times ubep over both off-node routes, mpi and ucx (builds with UCX), one
 #      Context each, beside the same baselines (the benchmarks' default --routes all).
-#   2. the MoE benchmark, every schedule (linear, shifted, topology) and, in builds with UCX, both routes
-#      (--routes mpi,ucx), beside the one BSP baseline in one job:
+#   2. the MoE benchmark, every schedule (linear, shifted, topology), every combine mode (--combine
+#      per_expert,per_rank,per_node: the flat per-expert copies and the hierarchical per-node relays) and, in
+#      builds with UCX, both routes (--routes mpi,ucx), beside the one BSP baseline in one job; both runs with
+#      emulate.sh --stats (each node's mpi0 byte counters):
 #        4 nodes x 1 rank under 2 switches, node links at --rate, the spine at --spine-rate
 #        2 nodes x 2 ranks under one switch, unshaped (shm inside a node, mpi or ucx between)
-#   3. bench/multinode_summary.py: latency table per route, MoE ubep/bsp per route and schedule, and whether
-#      the topology schedule beats the best of the others, with the per-class byte counts that explain it.
+#   3. bench/multinode_summary.py: latency table per route, MoE ubep/bsp per route, combine mode and schedule,
+#      whether the topology schedule beats the best of the others, the bytes per call the bench counted
+#      (dispatch/combine x on/off the node, ubep/bsp off the node), and the emulated links' counters beside
+#      the off-node bytes the layers counted over the whole job.
 #
 # usage: bench/multinode.sh [--build DIR] [--out DIR] [--quick] [--rate R] [--spine-rate R2]
 #                           [--mpi openmpi|mpich] [--tokens LIST] [--hidden H] [--iterations N] [--check]
@@ -42,7 +46,7 @@ while (($#)); do
     --tokens) TOKENS=${2:?}; shift 2 ;;
     --hidden) HIDDEN=${2:?}; shift 2 ;;
     --iterations) ITERS=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "$ME: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -71,7 +75,7 @@ if ((QUICK)); then
   MOE_ARGS=(--schedules linear,shifted,topology --tokens 16 --hidden 512 --routing uniform
             --compute-us-per-token 0 --iterations 5 --warmup 1)
 fi
-MOE_ARGS+=(--routes "$ROUTES")
+MOE_ARGS+=(--routes "$ROUTES" --combine per_expert,per_rank,per_node)
 if [[ $MPI == mpich ]]; then
   LOCAL=(mpiexec.mpich -n 2)
 else
@@ -107,7 +111,7 @@ done
 
 run moe_4x1_switches "${EMU[@]}" --nodes 4 --ranks-per-node 1 --switches 2 --rate "$RATE" --spine-rate "$SPINE_RATE" \
   --stats -- "$BUILD/bench/ubep_moe_bench" "${MOE_ARGS[@]}"
-run moe_2x2 "${EMU[@]}" --nodes 2 --ranks-per-node 2 -- "$BUILD/bench/ubep_moe_bench" "${MOE_ARGS[@]}"
+run moe_2x2 "${EMU[@]}" --nodes 2 --ranks-per-node 2 --stats -- "$BUILD/bench/ubep_moe_bench" "${MOE_ARGS[@]}"
 
 {
   echo "# ubep across emulated nodes ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $MPI)"

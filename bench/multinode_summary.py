@@ -6,12 +6,16 @@ Usage: multinode_summary.py DIR [--check] [--routes mpi,ucx]
   - latency per route: ubep over each of its routes (one row each: across nodes a job times ubep over
     mpi and over ucx) and its MPI baselines, at the smallest and the largest size, with the ratios
     measured in the same job (never across jobs);
-  - per MoE run and case: layer time of BSP and of each ubep route and schedule, ubep/bsp per route and
-    schedule, and topology / best(linear, shifted): below 1 the topology schedule wins; then per route
-    the range of ubep/bsp over all cases and schedules;
-  - the mpi0 byte counters per node when the run printed them (emulate.sh --stats).
---check exits 1 when a file is missing a record the summary needs (used by the smoke test); with
---routes, also when a latency run across nodes or a MoE run did not time ubep over exactly those routes.
+  - per MoE run and case: layer time of BSP and of each ubep route, combine mode and schedule, ubep/bsp
+    per schedule, and topology / best(linear, shifted): below 1 the topology schedule wins; then per route
+    and combine mode the range of ubep/bsp over all cases and schedules;
+  - per MoE run and case the bytes per call and rank (dispatch/combine x on/off the node, mean and max over
+    ranks) of BSP and of each ubep route and combine mode, and off-node bytes ubep/bsp;
+  - per MoE run the mpi0 byte counters of every emulated node (emulate.sh --stats: the whole job on the
+    wire) beside the off-node bytes the MoE layers counted over the whole job.
+--check exits 1 when a file is missing a record the summary needs (every schedule for every route and
+combine mode the run asked for, byte counts, link counters of a run across nodes; used by the smoke test);
+with --routes, also when a latency run across nodes or a MoE run did not time ubep over exactly those routes.
 """
 import argparse
 import glob
@@ -95,6 +99,27 @@ def latency_section(out, d, check, routes):
         out.append("")
 
 
+def human(n):
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+
+
+def link_counters(txt):
+    """emulate.sh --stats lines of a run's output: {node index: (host, rx_bytes, tx_bytes)}."""
+    out = {}
+    if not os.path.exists(txt):
+        return out
+    for line in open(txt):
+        m = re.match(r"# node (\d+) (\S+) mpi0: rx_bytes=(\d+) tx_bytes=(\d+)", line)
+        if m:
+            out[int(m.group(1))] = (m.group(2), int(m.group(3)), int(m.group(4)))
+    return out
+
+
 def moe_section(out, d, check, routes):
     files = sorted(glob.glob(os.path.join(d, "moe_*.json")))
     if check and not files:
@@ -103,54 +128,135 @@ def moe_section(out, d, check, routes):
     for p in files:
         doc = load(p)
         name = os.path.basename(p)[:-5]
-        cases = {}
+        modes = doc.get("combine") or ["per_expert"]
+        cases, records = {}, {}
         for r in doc["results"]:
             key = (r["tokens"], r["hidden"], r["routing"], r["compute_us_per_token"])
-            which = (r.get("route", "default"), r["schedule"]) if r["impl"] == "ubep" else "bsp"
+            which = ((r.get("route", "default"), r["schedule"], r.get("combine", "per_expert"))
+                     if r["impl"] == "ubep" else "bsp")
             cases.setdefault(key, {})[which] = r["layer_us"]
+            records.setdefault(key, {})[which] = r
         have = sorted({w[0] for c in cases.values() for w in c if w != "bsp"})
         if check and routes and have != sorted(routes):
             fail(f"{name}: ubep timed over the routes {have}, expected {sorted(routes)}")
         out.append(f"### {name}: {doc['ranks']} ranks on {doc['nodes']} nodes, routes used "
                    f"{', '.join(doc['routes'])}; layer time in microseconds (max over ranks, median over iterations)")
         out.append("")
-        out.append("| tokens | hidden | routing | compute us/tok | ubep route | bsp | linear | shifted | topology "
-                   "| ubep/bsp lin | shf | top | top / best(lin, shf) |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        per_route = {}
+        out.append("| tokens | hidden | routing | compute us/tok | ubep route | combine | bsp | linear | shifted "
+                   "| topology | ubep/bsp lin | shf | top | top / best(lin, shf) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        per_variant = {}
         for key in sorted(cases):
             c = cases[key]
             for route in have:
-                missing = [s for s in SCHEDULES if (route, s) not in c] + ([] if "bsp" in c else ["bsp"])
-                if missing:
-                    if check:
-                        fail(f"{name}: case {key}, route {route} lacks {missing}")
-                    continue
-                t = {s: c[(route, s)] for s in SCHEDULES}
-                tb = t["topology"] / min(t["linear"], t["shifted"])
-                verdicts.append(tb)
-                per_route.setdefault(route, []).extend(t[s] / c["bsp"] for s in SCHEDULES)
-                out.append("| " + " | ".join([str(key[0]), str(key[1]), key[2], fmt(key[3], 2), route, fmt(c["bsp"])] +
-                                             [fmt(t[s]) for s in SCHEDULES] +
-                                             [fmt(t[s] / c["bsp"], 2) for s in SCHEDULES] + [fmt(tb, 3)]) + " |")
+                for mode in modes:
+                    missing = ([s for s in SCHEDULES if (route, s, mode) not in c] +
+                               ([] if "bsp" in c else ["bsp"]))
+                    if missing:
+                        if check:
+                            fail(f"{name}: case {key}, route {route}, combine {mode} lacks {missing}")
+                        continue
+                    t = {s: c[(route, s, mode)] for s in SCHEDULES}
+                    tb = t["topology"] / min(t["linear"], t["shifted"])
+                    verdicts.append(tb)
+                    per_variant.setdefault((route, mode), []).extend(t[s] / c["bsp"] for s in SCHEDULES)
+                    out.append("| " + " | ".join([str(key[0]), str(key[1]), key[2], fmt(key[3], 2), route, mode,
+                                                  fmt(c["bsp"])] + [fmt(t[s]) for s in SCHEDULES] +
+                                                 [fmt(t[s] / c["bsp"], 2) for s in SCHEDULES] + [fmt(tb, 3)]) + " |")
         out.append("")
-        if per_route:
-            out.append("ubep/bsp layer time over all cases and schedules, per route: " + "; ".join(
-                f"{route} {min(v):.2f} – {max(v):.2f} (median {statistics.median(v):.2f})"
-                for route, v in sorted(per_route.items())))
+        if per_variant:
+            out.append("ubep/bsp layer time over all cases and schedules, per route and combine mode: " + "; ".join(
+                f"{route} {mode} {min(v):.2f} – {max(v):.2f} (median {statistics.median(v):.2f})"
+                for (route, mode), v in sorted(per_variant.items())))
             out.append("")
-        txt = p[:-5] + ".txt"
-        if os.path.exists(txt):
-            counters = [line.strip("# \n") for line in open(txt) if re.match(r"# node \d+ .* mpi0: rx_bytes=", line)]
-            if counters:
-                out.append("mpi0 byte counters per node (emulate.sh --stats): " + "; ".join(counters))
-                out.append("")
+        bytes_table(out, name, records, have, modes, check)
+        link_table(out, name, doc, link_counters(p[:-5] + ".txt"), check)
     if verdicts:
         wins = sum(1 for v in verdicts if v < 1.0)
-        out.append(f"**topology vs best(linear, shifted)**: wins {wins} of {len(verdicts)} cases (per route); "
-                   f"median ratio {statistics.median(verdicts):.3f} (below 1 = topology faster), "
+        out.append(f"**topology vs best(linear, shifted)**: wins {wins} of {len(verdicts)} cases (per route and "
+                   f"combine mode); median ratio {statistics.median(verdicts):.3f} (below 1 = topology faster), "
                    f"range {min(verdicts):.3f} .. {max(verdicts):.3f}")
         out.append("")
+
+
+def bytes_table(out, name, records, routes, modes, check):
+    """Bytes per call and rank (the bench's LayerBase::traffic() counts; mean over ranks, max in parentheses)
+    per case (the compute cost does not change them: the smallest one) and variant, beside BSP's."""
+    keys = sorted(records)
+    if not keys:
+        return
+    first_compute = {}
+    for k in keys:
+        first_compute.setdefault(k[:3], k)
+    out.append(f"Bytes per call and rank, {name}, as the bench counts them (LayerBase::traffic(): token rows in "
+               "dispatch, output/partial/node rows in combine; mean over ranks, max over ranks in parentheses; "
+               "ubep at the topology schedule, the bytes do not depend on it):")
+    out.append("")
+    out.append("| tokens | hidden | routing | impl | route | combine | dispatch on-node | dispatch off-node "
+               "| combine on-node | combine off-node | off-node ubep/bsp |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def cells(rec):
+        b = rec.get("bytes_per_call")
+        if not b:
+            if check:
+                fail(f"{name}: record {rec.get('label', rec['impl'])} lacks bytes_per_call")
+            return ["n/a"] * 4
+        return [f"{human(b['mean'][k])} ({human(b['max'][k])})"
+                for k in ("dispatch_on_node", "dispatch_off_node", "combine_on_node", "combine_off_node")]
+
+    def off(rec):
+        b = rec.get("bytes_per_call", {}).get("mean")
+        return None if not b else b["dispatch_off_node"] + b["combine_off_node"]
+
+    for k in first_compute.values():
+        recs = records[k]
+        bsp = recs.get("bsp")
+        if bsp is None:
+            continue
+        out.append("| " + " | ".join([str(k[0]), str(k[1]), k[2], "bsp", "mpi", bsp.get("combine", "per_expert")] +
+                                     cells(bsp) + ["1"]) + " |")
+        for route in routes:
+            for mode in modes:
+                rec = recs.get((route, "topology", mode))
+                if rec is None:
+                    continue
+                r = ratio(off(rec), off(bsp))
+                out.append("| " + " | ".join([str(k[0]), str(k[1]), k[2], "ubep", route, mode] + cells(rec) +
+                                             [fmt(r, 3) if r is not None else "n/a (none off the node)"]) + " |")
+    out.append("")
+
+
+def link_table(out, name, doc, counters, check):
+    """The emulated links' own counters (emulate.sh --stats: each node's mpi0 over the whole job) beside the
+    off-node bytes the bench's layers counted over the whole job (every call: checks, warm-up, timed)."""
+    job = doc.get("job_traffic", {}).get("per_node", [])
+    if not counters:
+        if check and doc.get("nodes", 1) > 1:
+            fail(f"{name}: no emulate.sh --stats link counters in {name}.txt")
+        return
+    out.append(f"Off-node bytes of {name} over the whole job: the emulated links (each node's mpi0, emulate.sh "
+               "--stats; every byte on the wire: MPI and UCX headers and control, TCP/IP, the BSP counts exchange, "
+               "barriers, the bench's own reductions) beside what the MoE layers counted as sent off the node "
+               "(every layer and call):")
+    out.append("")
+    out.append("| node | host | mpi0 tx | mpi0 rx | layers' off-node bytes sent | mpi0 tx / layers |")
+    out.append("|---|---|---|---|---|---|")
+    by_host = {n["host"]: n for n in job}
+    tot_tx = tot_rx = tot_bench = 0
+    for i in sorted(counters):
+        host, rx, tx = counters[i]
+        n = by_host.get(host) or next((x for x in job if x["node"] == i), None)
+        sent = None if n is None else n["off_node_sent"]
+        if check and sent is None:
+            fail(f"{name}: no job_traffic record for node {i} ({host})")
+        tot_tx += tx
+        tot_rx += rx
+        tot_bench += sent or 0
+        out.append(f"| {i} | {host} | {human(tx)} | {human(rx)} | {human(sent)} | {fmt(ratio(tx, sent), 2)} |")
+    out.append(f"| all | | {human(tot_tx)} | {human(tot_rx)} | {human(tot_bench)} "
+               f"| {fmt(ratio(tot_tx, tot_bench), 2)} |")
+    out.append("")
 
 
 def main():
@@ -164,7 +270,7 @@ def main():
     check, routes = args.check, args.routes.split(",") if args.routes else None
     out = ["## Latency per route", ""]
     latency_section(out, args.dir, check, routes)
-    out += ["## MoE dispatch/combine per route and schedule", ""]
+    out += ["## MoE dispatch/combine per route, combine mode and schedule", ""]
     moe_section(out, args.dir, check, routes)
     print("\n".join(out))
 

@@ -357,8 +357,7 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
   const int k = config_.topk, L = map_.max_local();
   const bool r_f32 = partial_f32();
   const std::size_t rb = hidden * (r_f32 ? 4 : 2);
-  std::vector<float> acc(hidden), ns(hidden);
-  std::vector<std::byte> partials(static_cast<std::size_t>(k) * rb), row(rb);
+  std::vector<std::byte> partials(static_cast<std::size_t>(k) * rb);
   std::vector<int> owners;
   std::vector<float> w;
   std::vector<const std::byte*> y, rows;
@@ -380,8 +379,7 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
         w.push_back(h.weights[ta]);
         y.push_back(combine + (h.coffset[static_cast<std::size_t>(d) * L + le] + h.pos[ta]) * out_token_bytes_);
       }
-      partial_sum(w, y, f32, hidden, acc.data());
-      store_row(acc.data(), hidden, r_f32, partials.data() + i * rb);
+      partial_row(w, y, f32, hidden, r_f32, partials.data() + i * rb);
       rows.push_back(partials.data() + i * rb);
     }
     terms.clear();
@@ -392,7 +390,7 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
           {nullptr, std::span<const std::byte* const>(rows.data() + i, j - i), node_[owners[i]] != node_[rank_]});
       i = j;
     }
-    reduce_token(terms, r_f32, hidden, ns.data(), row.data(), out.data() + static_cast<std::size_t>(t) * hidden);
+    reduce_token(terms, r_f32, hidden, out.data() + static_cast<std::size_t>(t) * hidden);
   }
 }
 

@@ -173,8 +173,8 @@ struct Layer::Dedup {
   std::vector<std::uint64_t> slot_released;                // [Q] calls released to the slot's source
   std::vector<std::uint8_t> slot_fwd;                      // [S x Q] forwarded, release not yet sent (in call order)
   std::map<std::uint64_t, std::vector<std::byte>> stages;  // staging copies for the network routes
-  std::vector<float> acc, ns;
-  std::vector<std::byte> row;
+  std::size_t hidden = 0;
+  std::vector<std::byte> row;  // one row of type R: scratch
 
   Dedup(Layer& layer, Context& c) : ly(layer), ctx(c), g(layer.config_, layer.node_, c.options().run_ahead) {
     me = ly.rank_;
@@ -221,8 +221,7 @@ struct Layer::Dedup {
     }
     slot_released.assign(g.Q, 0);
     slot_fwd.assign(g.S * g.Q, 0);
-    acc.resize(static_cast<std::size_t>(ly.config_.hidden));
-    ns.resize(acc.size());
+    hidden = static_cast<std::size_t>(ly.config_.hidden);
     row.resize(g.rb);
   }
 
@@ -482,11 +481,10 @@ struct Layer::Dedup {
       rows.clear();
       for (std::uint32_t i = j ? sl.rmap_end[j - 1] : 0; i < sl.rmap_end[j]; ++i)
         rows.push_back(cin + sl.rmap[i] * g.rb);
-      sum_rows(rows, r_f32, acc.size(), acc.data());
       if (std::byte* d = out.direct(j * g.rb, g.rb)) {
-        store_row(acc.data(), acc.size(), r_f32, d);
+        node_row(rows, r_f32, hidden, d);
       } else {
-        store_row(acc.data(), acc.size(), r_f32, row.data());
+        node_row(rows, r_f32, hidden, row.data());
         out.write(j * g.rb, row.data(), g.rb);
       }
     }
@@ -617,6 +615,10 @@ struct Layer::Dedup {
     s.dd_row.clear();
     s.dd_w.clear();
     s.dd_src.assign(local, {});
+    s.dd_by_le.assign(local, {});
+    s.dd_rec_of.clear();
+    s.dd_src_of.clear();
+    s.dd_pending.clear();
     std::vector<int> cursor(local, 0);
     for (std::size_t src = 0; src < P; ++src) {
       const std::byte* region = dbuf.data() + (z * P + src) * g.region_o;
@@ -639,6 +641,8 @@ struct Layer::Dedup {
         for (std::uint32_t i = 0; i < m; ++i) {
           if (e[i].owner != me || e[i].le < 0 || e[i].le >= local)
             internal("a record of rank " + std::to_string(src) + " names another owner's expert");
+          s.dd_by_le[e[i].le].push_back(static_cast<int>(s.dd_le.size()));
+          s.dd_rec_of.push_back(static_cast<int>(s.dd_src_of.size()));
           s.dd_le.push_back(e[i].le);
           s.dd_w.push_back(e[i].w);
           s.dd_row.push_back(cursor[e[i].le]++);
@@ -646,6 +650,8 @@ struct Layer::Dedup {
           ++s.recv_counts[static_cast<std::size_t>(e[i].le) * P + src];
         }
         s.dd_ent.push_back(s.dd_le.size());
+        s.dd_src_of.push_back(static_cast<int>(src));
+        s.dd_pending.push_back(static_cast<int>(m));
       }
       s.dd_rec[src + 1] = s.dd_rec[src] + h[0];
     }
@@ -697,43 +703,71 @@ struct Layer::Dedup {
     s.num_returned = was;
   }
 
+  /// Expert `local`'s outputs: each record whose last expert this is gets its partial row now (its experts
+  /// in k order: this expert's row from `outputs`, the others' from the copies kept for it); the rows of
+  /// records still waiting for another expert are copied. The last local expert sends the partial rows.
   void combine_send(HandleState& s, int local, std::span<const std::byte> outputs) {
-    std::vector<std::byte>& copy = s.dd_out[local];
-    if (copy.capacity() < outputs.size() && !ly.pool_.empty()) {
-      copy.swap(ly.pool_.back());
-      ly.pool_.pop_back();
-    }
-    copy.assign(outputs.begin(), outputs.end());
-    s.combined[local] = 1;
-    if (++s.num_combined < ly.local_experts()) return;
-    // The last local expert: one partial row per (source, record), the source's experts in k order.
     const std::size_t ob = ly.out_token_bytes_, z = static_cast<std::size_t>(s.set);
     const bool y_f32 = output_dtype(ly.config_.dtype) == DType::f32;
+    if (s.num_combined == 0) {
+      // Staging for the partial rows to network-route reply ranks (the rows are computed into it).
+      s.dd_stage.assign(g.P, nullptr);
+      for (std::size_t src = 0; src < g.P; ++src) {
+        const int to = static_cast<int>(s.dd_reply[3 * src]);
+        if (s.dd_n[src] && dedup::packed(ctx.route(to)))
+          s.dd_stage[src] = stage(key(1, z, src), s.dd_n[src] * g.rb, to);
+      }
+    }
+    const std::vector<int>& rows_of = s.dd_by_le[local];
+    std::vector<std::byte>* copy = nullptr;
     std::vector<float> w;
     std::vector<const std::byte*> y;
+    for (std::size_t j = 0; j < rows_of.size(); ++j) {
+      const int r = s.dd_rec_of[rows_of[j]];
+      const std::byte* mine = outputs.data() + j * ob;
+      if (--s.dd_pending[r] > 0) {
+        if (!copy) {
+          copy = &s.dd_out[local];
+          if (copy->capacity() < outputs.size() && !ly.pool_.empty()) {
+            copy->swap(ly.pool_.back());
+            ly.pool_.pop_back();
+          }
+          copy->resize(outputs.size());
+        }
+        std::memcpy(copy->data() + j * ob, mine, ob);
+        continue;
+      }
+      w.clear();
+      y.clear();
+      for (std::size_t i = s.dd_ent[r]; i < s.dd_ent[static_cast<std::size_t>(r) + 1]; ++i) {
+        w.push_back(s.dd_w[i]);
+        y.push_back(s.dd_le[i] == local ? mine
+                                        : s.dd_out[s.dd_le[i]].data() + static_cast<std::size_t>(s.dd_row[i]) * ob);
+      }
+      const int src = s.dd_src_of[r];
+      const std::size_t at = (static_cast<std::size_t>(r) - s.dd_rec[src]) * g.rb;
+      if (std::byte* st = s.dd_stage[src]) {
+        partial_row(w, y, y_f32, hidden, r_f32, st + at);
+      } else {
+        partial_row(w, y, y_f32, hidden, r_f32, row.data());
+        ctx.put(rbuf.data() + s.dd_reply[3 * src + 1] + at, row.data(), g.rb, static_cast<int>(s.dd_reply[3 * src]));
+      }
+    }
+    s.combined[local] = 1;
+    if (++s.num_combined < ly.local_experts()) return;
+    // The last local expert: every partial row is computed; one message or signal per reply.
     for (int src : schedule) {
       const std::size_t n = s.dd_n[src];
       if (n == 0) continue;
       const int to = static_cast<int>(s.dd_reply[3 * src]);
-      Out out(*this, to, rbuf.data() + s.dd_reply[3 * src + 1], key(1, z, src), n * g.rb);
-      for (std::size_t j = 0; j < n; ++j) {
-        const std::size_t r = s.dd_rec[src] + j;
-        w.clear();
-        y.clear();
-        for (std::size_t i = s.dd_ent[r]; i < s.dd_ent[r + 1]; ++i) {
-          w.push_back(s.dd_w[i]);
-          y.push_back(s.dd_out[s.dd_le[i]].data() + static_cast<std::size_t>(s.dd_row[i]) * ob);
-        }
-        partial_sum(w, y, y_f32, acc.size(), acc.data());
-        if (std::byte* d = out.direct(j * g.rb, g.rb)) {
-          store_row(acc.data(), acc.size(), r_f32, d);
-        } else {
-          store_row(acc.data(), acc.size(), r_f32, row.data());
-          out.write(j * g.rb, row.data(), g.rb);
-        }
+      std::uint64_t* signal = &sig[s.dd_reply[3 * src + 2]];
+      if (std::byte* st = s.dd_stage[src]) {
+        ctx.put_signal_nbi(rbuf.data() + s.dd_reply[3 * src + 1], st, n * g.rb, signal, dedup::tag(s.call) | 1,
+                           SignalOp::set, to);
+      } else {
+        dedup::notify(ctx, signal, dedup::tag(s.call) | 1, to);
       }
       ly.count(false, to, n * g.rb);
-      out.finish(s.dd_reply[3 * src + 2], dedup::tag(s.call) | 1);
     }
     ctx.progress();
   }
@@ -753,7 +787,6 @@ struct Layer::Dedup {
           return all;
         },
         what.c_str());
-    const std::size_t hidden = acc.size();
     if (out.size() != static_cast<std::size_t>(s.n) * hidden) {
       throw Error(Errc::invalid_argument,
                   "ubep: rank " + std::to_string(me) + ": combine_recv: out has " + std::to_string(out.size()) +
@@ -794,7 +827,7 @@ struct Layer::Dedup {
         ptrs.push_back(rows + static_cast<std::size_t>(slot) * g.rb);
       }
       close();
-      reduce_token(terms, r_f32, hidden, ns.data(), row.data(), out.data() + static_cast<std::size_t>(t) * hidden);
+      reduce_token(terms, r_f32, hidden, out.data() + static_cast<std::size_t>(t) * hidden);
     }
     if (ucx) {
       for (int p = 0; p < static_cast<int>(P); ++p) {

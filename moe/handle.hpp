@@ -62,7 +62,7 @@ struct HandleState {
   // per_rank / per_node (moe/dedup.cpp). Source side: per target rank (an owner, or a node's relay) its
   // records' tokens and expert entries, its rows' offset in our row buffer, and per (token, target) the row.
   std::vector<std::vector<int>> dd_tokens;       // [ranks] token ids, ascending
-  std::vector<std::vector<std::uint32_t>> dd_m;  // [ranks] per record: its entries' end in dd_e
+  std::vector<std::vector<std::uint32_t>> dd_m;  // [ranks] per record: its first entry in dd_e
   std::vector<std::vector<DdEntry>> dd_e;        // [ranks] the records' entries, in k order
   std::vector<std::size_t> dd_row0;              // [ranks] first row of the target's rows
   std::vector<int> dd_slot;                      // [n x ranks] row of (token, target), -1 if none
@@ -75,7 +75,12 @@ struct HandleState {
   std::vector<int> dd_le, dd_row;                     // [entries] local expert, row in that expert's batch
   std::vector<float> dd_w;                            // [entries] weight
   std::vector<std::vector<const std::byte*>> dd_src;  // [local] the records of each expert, in row order
-  std::vector<std::vector<std::byte>> dd_out;         // [local] copies of the expert outputs
+  std::vector<std::vector<int>> dd_by_le;             // [local] entry of each row of the expert's batch
+  std::vector<int> dd_rec_of;                         // [entries] its record
+  std::vector<int> dd_src_of;                         // [records] its source
+  std::vector<int> dd_pending;                        // [records] entries whose outputs are not in yet
+  std::vector<std::byte*> dd_stage;                   // [ranks] staging of the partial rows to a network route
+  std::vector<std::vector<std::byte>> dd_out;         // [local] copies of the outputs a record still needs
   bool finished = false;
   // BSP baseline: received blocks and combine staging.
   std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;

@@ -52,59 +52,97 @@ void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, st
   }
 }
 
-void partial_sum(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
-                 float* acc) {
-  std::fill(acc, acc + hidden, 0.0f);
-  for (std::size_t a = 0; a < w.size(); ++a) {
-    const float wa = w[a];
-    if (y_f32) {
-      const float* v = reinterpret_cast<const float*>(y[a]);
-      for (std::size_t i = 0; i < hidden; ++i) acc[i] += wa * v[i];
+namespace {
+constexpr std::size_t kBlock = 256;  // floats of a block: 1 KiB, in L1 with its inputs
+
+/// acc[0..n) (op)= row[off..off+n) as floats, times w; first: acc = 0 + w * row.
+inline void madd(float* acc, const std::byte* row, bool f32, std::size_t off, std::size_t n, float w, bool first) {
+  if (f32) {
+    const float* v = reinterpret_cast<const float*>(row) + off;
+    if (first) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + w * v[i];
     } else {
-      const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(y[a]);
-      for (std::size_t i = 0; i < hidden; ++i) acc[i] += wa * bf16_bits_to_float(v[i]);
+      for (std::size_t i = 0; i < n; ++i) acc[i] += w * v[i];
     }
-  }
-}
-
-void store_row(const float* acc, std::size_t hidden, bool r_f32, std::byte* dst) {
-  if (r_f32) {
-    std::memcpy(dst, acc, hidden * sizeof(float));
-    return;
-  }
-  auto* d = reinterpret_cast<std::uint16_t*>(dst);
-  for (std::size_t i = 0; i < hidden; ++i) d[i] = float_to_bf16_bits(acc[i]);
-}
-
-void add_row(const std::byte* row, bool r_f32, std::size_t hidden, float* acc) {
-  if (r_f32) {
-    const float* v = reinterpret_cast<const float*>(row);
-    for (std::size_t i = 0; i < hidden; ++i) acc[i] += v[i];
   } else {
-    const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(row);
-    for (std::size_t i = 0; i < hidden; ++i) acc[i] += bf16_bits_to_float(v[i]);
+    const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(row) + off;
+    if (first) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + w * bf16_bits_to_float(v[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += w * bf16_bits_to_float(v[i]);
+    }
+  }
+}
+/// acc = 0 + row (first) or acc += row, for rows of type R (no weight: not even a multiplication by 1).
+inline void add(float* acc, const std::byte* row, bool f32, std::size_t off, std::size_t n, bool first) {
+  if (f32) {
+    const float* v = reinterpret_cast<const float*>(row) + off;
+    if (first) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + v[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += v[i];
+    }
+  } else {
+    const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(row) + off;
+    if (first) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + bf16_bits_to_float(v[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += bf16_bits_to_float(v[i]);
+    }
+  }
+}
+/// dst[off..off+n) = round(acc) as type R.
+inline void store(const float* acc, std::byte* dst, bool f32, std::size_t off, std::size_t n) {
+  if (f32) {
+    std::memcpy(reinterpret_cast<float*>(dst) + off, acc, n * sizeof(float));
+  } else {
+    std::uint16_t* d = reinterpret_cast<std::uint16_t*>(dst) + off;
+    for (std::size_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(acc[i]);
+  }
+}
+}  // namespace
+
+void partial_row(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
+                 bool r_f32, std::byte* dst) {
+  float acc[kBlock];
+  for (std::size_t off = 0; off < hidden; off += kBlock) {
+    const std::size_t n = std::min(kBlock, hidden - off);
+    if (w.empty()) std::fill(acc, acc + n, 0.0f);
+    for (std::size_t a = 0; a < w.size(); ++a) madd(acc, y[a], y_f32, off, n, w[a], a == 0);
+    store(acc, dst, r_f32, off, n);
   }
 }
 
-void sum_rows(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, float* acc) {
-  std::fill(acc, acc + hidden, 0.0f);
-  for (const std::byte* r : rows) add_row(r, r_f32, hidden, acc);
+void node_row(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, std::byte* dst) {
+  float acc[kBlock];
+  for (std::size_t off = 0; off < hidden; off += kBlock) {
+    const std::size_t n = std::min(kBlock, hidden - off);
+    if (rows.empty()) std::fill(acc, acc + n, 0.0f);
+    for (std::size_t r = 0; r < rows.size(); ++r) add(acc, rows[r], r_f32, off, n, r == 0);
+    store(acc, dst, r_f32, off, n);
+  }
 }
 
-void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* ns, std::byte* row,
-                  float* out) {
-  std::fill(out, out + hidden, 0.0f);
-  for (const NodeTerm& n : terms) {
-    if (n.node_row) {
-      add_row(n.node_row, r_f32, hidden, out);
-      continue;
-    }
-    sum_rows(n.rows, r_f32, hidden, ns);
-    if (n.round) {
-      store_row(ns, hidden, r_f32, row);
-      add_row(row, r_f32, hidden, out);
-    } else {
-      for (std::size_t i = 0; i < hidden; ++i) out[i] += ns[i];
+void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* out) {
+  float ns[kBlock];
+  std::uint16_t rounded[kBlock];
+  for (std::size_t off = 0; off < hidden; off += kBlock) {
+    const std::size_t n = std::min(kBlock, hidden - off);
+    float* o = out + off;
+    std::fill(o, o + n, 0.0f);
+    for (const NodeTerm& t : terms) {
+      if (t.node_row) {
+        add(o, t.node_row, r_f32, off, n, false);
+        continue;
+      }
+      if (t.rows.empty()) std::fill(ns, ns + n, 0.0f);
+      for (std::size_t r = 0; r < t.rows.size(); ++r) add(ns, t.rows[r], r_f32, off, n, r == 0);
+      if (t.round && !r_f32) {
+        for (std::size_t i = 0; i < n; ++i) rounded[i] = float_to_bf16_bits(ns[i]);
+        for (std::size_t i = 0; i < n; ++i) o[i] += bf16_bits_to_float(rounded[i]);
+      } else {
+        for (std::size_t i = 0; i < n; ++i) o[i] += ns[i];
+      }
     }
   }
 }

@@ -43,18 +43,16 @@ void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, st
                     std::span<const int> pos, std::span<const std::size_t> coffset, const std::byte* combine,
                     std::size_t row_bytes, bool f32, std::size_t hidden, std::span<float> out);
 
-/// The steps of the per_rank/per_node reduction (moe.hpp, "Combine modes"), one row of `hidden` values at a
-/// time; rows of the row type R are `hidden` floats when `r_f32`, else bfloat16 values. Every implementation
-/// (owner, relay, source, BspLayer) calls these, so that they round alike.
-/// acc = 0, then acc += w[i] * y[i] for i ascending; y rows of the output type (float when `y_f32`).
-void partial_sum(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
-                 float* acc);
-/// dst (a row of type R) = round(acc).
-void store_row(const float* acc, std::size_t hidden, bool r_f32, std::byte* dst);
-/// acc = 0, then acc += rows[i] for i ascending (rows of type R).
-void sum_rows(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, float* acc);
-/// acc += row (of type R).
-void add_row(const std::byte* row, bool r_f32, std::size_t hidden, float* acc);
+/// The steps of the per_rank/per_node reduction (moe.hpp, "Combine modes"); rows of the row type R are
+/// `hidden` floats when `r_f32`, else bfloat16 values. Every implementation (owner, relay, source, BspLayer)
+/// calls these, so that they round alike. Each works through the row in blocks that stay in L1: every input
+/// row is read once and the result written once (no pass over a float accumulator in memory).
+/// dst (a row of type R) = round(0 + w[0] * y[0] + w[1] * y[1] + ...), in float, left to right; y rows of
+/// the output type (float when `y_f32`).
+void partial_row(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
+                 bool r_f32, std::byte* dst);
+/// dst (a row of type R) = round(0 + rows[0] + rows[1] + ...), in float, left to right (rows of type R).
+void node_row(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, std::byte* dst);
 
 /// One node's share of a token at its source: either the row its relay sent (`node_row`), or the partial
 /// rows of its owners in rank order (`rows`), rounded to R when `round` (a node other than the source's).
@@ -63,9 +61,8 @@ struct NodeTerm {
   std::span<const std::byte* const> rows;
   bool round = false;
 };
-/// out = 0, then out += N_n for each term in order (node ascending), as documented. `ns` holds `hidden`
-/// floats and `row` one row of type R: scratch.
-void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* ns, std::byte* row,
-                  float* out);
+/// out = 0 + N_0 + N_1 + ... over the terms in order (nodes ascending), N_n = 0 + rows[0] + rows[1] + ...
+/// (or the node's row), as documented.
+void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* out);
 
 }  // namespace ubep::moe
