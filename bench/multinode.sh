@@ -16,6 +16,8 @@
 #      emulate.sh --stats (each node's mpi0 byte counters):
 #        4 nodes x 1 rank under 2 switches, node links at --rate, the spine at --spine-rate
 #        2 nodes x 2 ranks under one switch, unshaped (shm inside a node, mpi or ucx between)
+#      and the decode shape (128 tokens/rank, hidden 7168, bf16, top-8 of 32, no compute, topology schedule,
+#      default route) on 4 nodes x 2 ranks under 2 switches, shaped like the 4 x 1 run, every combine mode.
 #   3. bench/multinode_summary.py: latency table per route, MoE ubep/bsp per route, combine mode and schedule,
 #      whether the topology schedule beats the best of the others, the bytes per call the bench counted
 #      (dispatch/combine x on/off the node, ubep/bsp off the node), and the emulated links' counters beside
@@ -112,6 +114,15 @@ done
 run moe_4x1_switches "${EMU[@]}" --nodes 4 --ranks-per-node 1 --switches 2 --rate "$RATE" --spine-rate "$SPINE_RATE" \
   --stats -- "$BUILD/bench/ubep_moe_bench" "${MOE_ARGS[@]}"
 run moe_2x2 "${EMU[@]}" --nodes 2 --ranks-per-node 2 --stats -- "$BUILD/bench/ubep_moe_bench" "${MOE_ARGS[@]}"
+# The decode shape of issue 13 across 4 shaped nodes of 2 ranks: the per_node relays against the flat modes.
+DECODE_ARGS=(--schedules topology --tokens 128 --hidden 7168 --routing uniform,skewed --compute-us-per-token 0
+             --iterations 10 --warmup 1 --combine per_expert,per_rank,per_node)
+if ((QUICK)); then
+  DECODE_ARGS=(--schedules topology --tokens 16 --hidden 512 --routing uniform --compute-us-per-token 0
+               --iterations 3 --warmup 1 --combine per_expert,per_rank,per_node)
+fi
+run moe_4x2_decode "${EMU[@]}" --nodes 4 --ranks-per-node 2 --switches 2 --rate "$RATE" --spine-rate "$SPINE_RATE" \
+  --stats -- "$BUILD/bench/ubep_moe_bench" "${DECODE_ARGS[@]}"
 
 {
   echo "# ubep across emulated nodes ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $MPI)"

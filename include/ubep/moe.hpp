@@ -26,6 +26,19 @@
 ///   out[t] = sum over the nodes n of t's owners, n ascending, of N_n[t]               (float from 0)
 /// Nodes are Topology::node_of (real hosts, or UBEP_VIRTUAL_NODES). Outputs are bit-identical across runs,
 /// schedules, routes and per_rank/per_node for one config, rank count and node map.
+/// What per_rank and per_node change in the @notes below (written for per_expert where they differ):
+///   - A source writes one chunk per owner (a header, then each token once with its experts) and one signal
+///     after the chunk; an owner hands out its first expert once every source's chunk is in (per_expert over
+///     load/store: once every source has signalled that expert).
+///   - combine_send keeps a copy only of the output rows whose token still waits for another local expert;
+///     a token's partial row is computed at the combine_send of its last local expert, and the rows go back
+///     (one message or signal per source or relay) at the last local expert.
+///   - per_node across nodes: a rank also relays. Every wait of a Layer call (dispatch_send's back-pressure,
+///     next_expert, dispatch_recv, combine_recv) forwards the inboxes that have arrived and sends the node
+///     rows whose partial rows are in, so a relay serves its sources in whatever layer call it is in; its
+///     expert compute (outside the layer) delays them. combine_recv(h) returns only once this rank's relay
+///     work of that call is done as well, so no source waits for a rank that has left the layer. A timeout
+///     report names every awaited source and, for relayed tokens, the relay in between.
 ///
 /// One call, on every rank:
 ///   auto h = layer.dispatch(tokens, topk_idx, topk_weights);     // or dispatch_send + dispatch_recv
@@ -218,7 +231,8 @@ class LayerBase {
   /// source that sent tokens; BspLayer: no (a local copy).
   virtual void combine_send(Handle& h, int local, std::span<const std::byte> outputs) = 0;
   /// Waits for the outputs of every expert this rank's tokens went to and writes
-  /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, k ascending, original token order.
+  /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, in the order of Config::combine ("Combine modes"),
+  /// original token order.
   /// Completes calls in dispatch order: `h` must be the oldest call not yet combined (a later one would
   /// free a buffer set that the next dispatch overwrites while an older call still reads it), with every
   /// local expert combine_sent. Throws Errc::invalid_argument naming the call given and the one expected,
@@ -255,7 +269,8 @@ class LayerBase {
   void check_oldest(const Handle& h, const char* call) const;
   /// Checks a combine_recv call: the handle, the order, every local expert combine_sent.
   void check_combine_recv(const Handle& h) const;
-  /// out[t] = sum_k w[t,k] * combine[coffset(t,k)], the one reduction both implementations use.
+  /// The final sum both implementations use: per_expert out[t] = sum_k w[t,k] * combine[coffset(t,k)]; per_rank
+  /// and per_node the documented order from per-expert rows (BspLayer).
   void reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const;
   /// Copies the batches of local expert `le` (batch from source s starts at block(s), token stride
   /// token_bytes_) into one contiguous array; recv_counts must be filled.
@@ -288,10 +303,14 @@ class LayerBase {
 /// ubep's dispatch/combine: one-sided, signal-synchronized, overlapped, topology-scheduled.
 class Layer final : public LayerBase {
  public:
-  /// Collective. Allocates the receive buffers from ctx's symmetric heap (UBEP_RUN_AHEAD sets of one
-  /// region per source, each max_tokens_per_rank x min(topk, local experts) tokens, plus combine buffers
-  /// and one signal per peer and direction: see heap_bytes()). Throws Errc::invalid_argument for a bad
-  /// config (a dtype outside DType, num_experts, hidden, topk or max_tokens_per_rank out of range) on
+  /// Collective. Allocates the receive buffers from ctx's symmetric heap, UBEP_RUN_AHEAD sets of: per_expert
+  /// one region per source of max_tokens_per_rank x min(topk, local experts) tokens, plus combine buffers;
+  /// per_rank/per_node one chunk per source of max_tokens_per_rank tokens with their expert lists, rows for
+  /// max_tokens_per_rank x min(topk, ranks) partial or node rows, and per_node across nodes one inbox of
+  /// max_tokens_per_rank tokens per source this rank relays for, with max_tokens_per_rank x min(topk, ranks
+  /// per node) partial rows each; and the signals (see heap_bytes()). Throws Errc::invalid_argument for a bad
+  /// config (a dtype outside DType, a combine outside Combine, num_experts, hidden, topk or
+  /// max_tokens_per_rank out of range) on
   /// each rank before any collective; collective_mismatch when ranks disagree on the config; OutOfHeap
   /// naming UBEP_HEAP_SIZE and a size that is enough when set exactly: the bytes outside the heap's
   /// largest free block plus heap_bytes() (it assumes that block is the heap's free end, which holds
