@@ -586,5 +586,28 @@ TEST(MoeModes, HeapBytesForTheNodeMapIsEnough) {
   }
 }
 
+// ---- bad config ------------------------------------------------------------------------------------
+
+// A combine value outside moe::Combine fails on every rank before any collective, naming the rank, the
+// layer and the value; the names parse and print both ways, and an unknown name is refused.
+TEST(MoeModes, UnknownCombineIsRejected) {
+  Context ctx(MPI_COMM_WORLD, opts());
+  Config c{7, 8, DType::bf16, 2, 4};
+  c.combine = static_cast<Combine>(9);
+  const std::string me = "rank " + std::to_string(ctx.rank());
+  test::expect_error(Errc::invalid_argument, [&] { moe::Layer l(ctx, c); }, {me, "moe::Layer", "combine=9"});
+  test::expect_error(Errc::invalid_argument, [&] { moe::BspLayer l(ctx, c); }, {me, "moe::BspLayer", "combine=9"});
+  for (Combine m : {Combine::per_expert, Combine::per_rank, Combine::per_node}) {
+    EXPECT_EQ(moe::parse_combine(moe::to_string(m)), m);
+  }
+  test::expect_error(Errc::invalid_argument, [&] { (void)moe::parse_combine("per_token"); }, {"per_token"});
+  // No rank was left inside a collective: a good layer still builds and works.
+  c.combine = Combine::per_node;
+  moe::Layer layer(ctx, c);
+  const Input in = input_of(c, ctx.rank(), ctx.size(), Route::full, 9);
+  EXPECT_TRUE(bit_identical(run(layer, c, in, Phases::completion_order), reference(ctx, c, in)));
+  ctx.finalize();
+}
+
 }  // namespace
 }  // namespace ubep
