@@ -45,8 +45,9 @@ struct Args {
   /// moe::Config::combine modes to run (per_expert, per_rank, per_node): one Context per (route, schedule,
   /// mode), each checked against a moe::BspLayer of the same mode.
   std::vector<std::string> combine{"per_expert", "per_node"};
-  unsigned run_ahead = 0;   // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
-  std::string heap_budget;  // empty: a quarter of physical memory over the ranks of the node
+  bool float_partials = false;  // --float-partials: Config::float_partials for every layer
+  unsigned run_ahead = 0;       // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
+  std::string heap_budget;      // empty: a quarter of physical memory over the ranks of the node
   int check_tokens = 8;
   std::string json;
   std::string plot;

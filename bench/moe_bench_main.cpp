@@ -162,6 +162,7 @@ int run(const Args& a, const Comm& comm) {
       "bytes_per_call: LayerBase::traffic() over the timed iterations divided by the calls, per rank; mean: the "
       "mean over ranks rounded to whole bytes, max: the maximum over ranks";
   doc["combine"] = a.combine;
+  doc["float_partials"] = a.float_partials;
   doc["bsp_timed_combine"] = "per_expert";
   doc["expert"] = std::string("identity + synthetic compute (") + a.compute_mode + ")";
   doc["results"] = nlohmann::json::array();
@@ -176,7 +177,9 @@ int run(const Args& a, const Comm& comm) {
   bool header_done = false;
 
   for (const int n : a.tokens) {
-    const moe::Config cfg{a.experts, a.hidden, dtype, a.topk, n};
+    moe::Config shape{a.experts, a.hidden, dtype, a.topk, n};
+    shape.float_partials = a.float_partials;
+    const moe::Config& cfg = shape;
     const int iterations = a.iterations_for(n), warmup = a.warmup_for(n);
 
     // Heap and run-ahead: every (route, schedule) holds its own Context, all alive at once (interleaved runs).
@@ -329,11 +332,12 @@ int run(const Args& a, const Comm& comm) {
             a.hidden, a.dtype.c_str(), a.topk, a.experts, bsp.experts().max_local(), join(a.routing, ",").c_str(),
             a.zipf);
         std::printf(
-            "# combine modes (--combine, moe::Config::combine): %s; one ubep Context per route, schedule and mode, "
+            "# combine modes (--combine, moe::Config::combine): %s, partial and node rows in %s (--float-partials); "
+            "one ubep Context per route, schedule and mode, "
             "each checked bit for bit against a moe::BspLayer of its own mode; the bsp rows time the BspLayer with "
             "combine per_expert (a BspLayer moves one copy per (token, expert) each way in every mode, only its "
             "reduction differs)\n",
-            join(a.combine, ",").c_str());
+            join(a.combine, ",").c_str(), a.float_partials ? "float" : "the output dtype");
         std::printf(
             "# expert: identity (outputs = its input buffer) + synthetic compute of 'compute' us per token "
             "(%s); correctness checked first with y = x*(1+0.01*(e+1)) against a serial reference\n",
@@ -497,6 +501,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember({"default", "mpi", "ucx"}));
+  app.add_flag("--float-partials", a.float_partials,
+               "moe::Config::float_partials for every layer: per_rank/per_node partial and node rows in float instead "
+               "of the output dtype (the BSP baseline applies the same reduction; per_expert is unaffected)");
   app.add_option("--combine", a.combine,
                  "moe::Config::combine modes of the ubep layer, a list of per_expert, per_rank, per_node; one Context "
                  "per route, schedule and mode, each checked against a BspLayer of the same mode")
