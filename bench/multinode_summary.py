@@ -137,7 +137,9 @@ def moe_section(out, d, check, routes):
             cases.setdefault(key, {})[which] = r["layer_us"]
             records.setdefault(key, {})[which] = r
         have = sorted({w[0] for c in cases.values() for w in c if w != "bsp"})
-        if check and routes and have != sorted(routes):
+        # A run of the default route only (moe_4x2_decode) times one route by design.
+        asked = [r.get("asked") for r in doc.get("ubep_routes", [])]
+        if check and routes and asked != ["default"] and have != sorted(routes):
             fail(f"{name}: ubep timed over the routes {have}, expected {sorted(routes)}")
         out.append(f"### {name}: {doc['ranks']} ranks on {doc['nodes']} nodes, routes used "
                    f"{', '.join(doc['routes'])}; layer time in microseconds (max over ranks, median over iterations)")

@@ -106,9 +106,10 @@ TEST(Issue10, FailedFinalizeJoinsProgressThread) {
       // Join rank 0's pending finalize record, so that no request stays unmatched at MPI_Finalize,
       // then leave the context unfinalized like rank 0 (its windows are never freed collectively).
       // (a nonblocking collective matches only a nonblocking one).
-      std::int64_t send[16] = {}, recv[16];
+      // The record is 2 x 10 int64 (runtime/collective.cpp: kFields = 10, values and their negations).
+      std::int64_t send[20] = {}, recv[20];
       MPI_Request req;
-      MPI_Iallreduce(send, recv, 16, MPI_INT64_T, MPI_MAX, ctx.comm(), &req);
+      MPI_Iallreduce(send, recv, 20, MPI_INT64_T, MPI_MAX, ctx.comm(), &req);
       MPI_Wait(&req, MPI_STATUS_IGNORE);
     }
   }
