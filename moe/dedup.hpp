@@ -256,6 +256,22 @@ struct Layer::Dedup {
     }
   }
 
+  /// Relay work without waiting: each armed signal is tested once (Context::test), and what became
+  /// ready runs, until nothing moves.
+  void progress() {
+    for (;;) {
+      bool moved = relay_work();
+      for (std::size_t i = 0; i < g.signals; ++i) {
+        if (want[i] == kSignalIgnored || !ctx.test(&sig[i], Cmp::ge, want[i])) continue;
+        have[i] = want[i];
+        want[i] = kSignalIgnored;
+        moved = true;
+      }
+      if (!moved) break;
+    }
+    ctx.progress();
+  }
+
   /// What the armed signals stand for, naming the source rank behind each relay (for timeout reports).
   std::string awaited() const {
     std::string out = "moe::Layer (" + std::string(to_string(ly.config_.combine)) + ") awaited:";

@@ -149,6 +149,13 @@ Layer::Layer(Context& ctx, const Config& config)
 }
 
 Layer::~Layer() = default;
+void Layer::progress() {
+  if (dedup_) {
+    dedup_->progress();
+  } else {
+    ctx_.progress();
+  }
+}
 const std::vector<int>& Layer::schedule() const noexcept { return dedup_ ? dedup_->schedule : impl_->schedule; }
 std::size_t Layer::buffer_bytes() const {
   return dedup_ ? dedup_->buffer_bytes() : impl_->heap + impl_->staging.size();

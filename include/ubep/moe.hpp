@@ -38,7 +38,11 @@
 ///     rows whose partial rows are in, so a relay serves its sources in whatever layer call it is in; its
 ///     expert compute (outside the layer) delays them. combine_recv(h) returns only once this rank's relay
 ///     work of that call is done as well, so no source waits for a rank that has left the layer. A timeout
-///     report names every awaited source and, for relayed tokens, the relay in between.
+///     report names every awaited source and, for relayed tokens, the relay in between. Between a
+///     dispatch_send and its combine_recv a rank must therefore not block outside the layer on other ranks
+///     (an MPI collective, a wait on a peer): other ranks' tokens may be waiting in its inbox. A rank that
+///     stays outside the layer for long (a long compute, a loop over another library) calls
+///     Layer::progress() from time to time.
 ///
 /// One call, on every rank:
 ///   auto h = layer.dispatch(tokens, topk_idx, topk_weights);     // or dispatch_send + dispatch_recv
@@ -338,6 +342,16 @@ class Layer final : public LayerBase {
   void combine_recv(Handle& h, std::span<float> out) override;
   /// The peer order this rank uses.
   const std::vector<int>& schedule() const noexcept;
+  /// Runs this rank's relay work that can run now (per_node across nodes: forwards the inboxes that have
+  /// arrived, sends the node rows whose partial rows are in) and lets the transports progress; never waits.
+  /// Call it from a loop that keeps this rank outside the layer (a long compute, polling another library)
+  /// while calls are in flight: other ranks' tokens pass through this rank, and they wait for it otherwise.
+  /// In per_expert and per_rank there is no relay work: it only calls Context::progress().
+  /// @note Local completion: none of its own. Remote completion: the forwards and node rows it sends are
+  /// complete as sends of any Layer call (the signal after the data). Blocks: never for a peer; delivering
+  /// deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: with the owners of this rank's
+  /// node and the sources it relays for, one-sided.
+  void progress();
 
  private:
   void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;

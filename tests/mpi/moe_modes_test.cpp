@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -584,6 +585,48 @@ TEST(MoeModes, HeapBytesForTheNodeMapIsEnough) {
     }
     ctx.finalize();
   }
+}
+
+// ---- a relay outside the layer -----------------------------------------------------------------------
+
+// The last rank stays outside the layer after its dispatch_send, calling only Layer::progress() and polling
+// plain MPI, until every other rank has finished dispatch_recv. Across nodes under per_node the others'
+// tokens pass through it as a relay: without progress() their dispatch_recv would time out. On one node
+// there is no relay and the test checks the outputs only.
+TEST(MoeModes, ProgressServesRelaysOutsideTheLayer) {
+  Options o = opts();
+  o.wait_timeout = std::chrono::duration<double>(20.0);
+  Context ctx(MPI_COMM_WORLD, o);
+  Config c{7, 8, DType::bf16, 3, 6};
+  c.combine = Combine::per_node;
+  moe::Layer layer(ctx, c);
+  const int rank = ctx.rank(), size = ctx.size(), outside = size - 1;
+  constexpr int kTag = 4242;
+  for (int call = 0; call < 3; ++call) {
+    const Input in = input_of(c, rank, size, Route::full, 60 + call);
+    moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
+    int token = call;
+    if (rank == outside) {
+      std::vector<MPI_Request> reqs(size - 1);
+      std::vector<int> got(size - 1);
+      for (int p = 0; p < size - 1; ++p) MPI_Irecv(&got[p], 1, MPI_INT, p, kTag, MPI_COMM_WORLD, &reqs[p]);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      int done = 0;
+      while (!done && std::chrono::steady_clock::now() < until) {
+        layer.progress();
+        MPI_Testall(size - 1, reqs.data(), &done, MPI_STATUSES_IGNORE);
+      }
+      ASSERT_TRUE(done) << "the other ranks did not finish dispatch_recv of call " << call;
+    } else {
+      layer.dispatch_recv(h);
+      MPI_Send(&token, 1, MPI_INT, outside, kTag, MPI_COMM_WORLD);
+    }
+    send_outputs(layer, c, h, Phases::completion_order);
+    std::vector<float> out(static_cast<std::size_t>(in.n) * c.hidden);
+    layer.combine_recv(h, out);
+    EXPECT_TRUE(bit_identical(out, reference(ctx, c, in))) << "call " << call;
+  }
+  ctx.finalize();
 }
 
 // ---- bad config ------------------------------------------------------------------------------------
