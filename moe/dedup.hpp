@@ -557,13 +557,17 @@ struct Layer::Dedup {
       const std::size_t rec = relay ? g.rec_i : g.rec_o;
       std::byte* region;
       std::size_t signal;
-      std::uint64_t header[4] = {toks.size(), static_cast<std::uint64_t>(me),
-                                 (z * (g.src_rows + g.Q * g.cin_rows) + h.dd_row0[r]) * g.rb, g.C + z * P + r};
+      // Where the rows come back: byte offset of the target's rows in our rbuf. An owner's header also
+      // names the reply rank and signal (us, C[set][owner]); an inbox's has only the offset (the relay
+      // replies to the inbox's source, on C[set][relay]).
+      const std::uint64_t reply = (z * (g.src_rows + g.Q * g.cin_rows) + h.dd_row0[r]) * g.rb;
+      std::uint64_t header[4] = {toks.size(), static_cast<std::uint64_t>(me), reply, g.C + z * P + r};
       if (relay) {
         const std::size_t q = g.slot(me, g.node[r]);
         region = ibuf.data() + (z * g.Q + q) * g.region_i;
         signal = g.I + z * g.Q + q;
-        header[1] = header[2];
+        header[1] = reply;  // the inbox layout: count, reply offset
+        header[2] = header[3] = 0;
       } else {
         region = dbuf.data() + (z * P + me) * g.region_o;
         signal = g.D + z * P + me;
