@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -29,7 +30,7 @@ std::uint64_t parse_uint(const std::string& text, const char* what) {
   errno = 0;
   char* end = nullptr;
   unsigned long long v = std::strtoull(t.c_str(), &end, 10);
-  if (errno == ERANGE || *end != '\0') bad(what, text, "expected a non-negative integer");
+  if (errno == ERANGE || end != t.c_str() + t.size()) bad(what, text, "expected a non-negative integer");
   return v;
 }
 
@@ -188,7 +189,9 @@ std::vector<std::string> Options::describe() const {
     return s;
   };
   out.push_back("UBEP_HEAP_SIZE=" + std::to_string(heap_size));
-  out.push_back("UBEP_WAIT_TIMEOUT=" + std::to_string(wait_timeout.count()));
+  char timeout[32];  // %.17g reads back as the same double (std::to_string printed 1e-7 as 0.000000: "never")
+  std::snprintf(timeout, sizeof timeout, "%.17g", wait_timeout.count());
+  out.push_back(std::string("UBEP_WAIT_TIMEOUT=") + timeout);
   out.push_back("UBEP_POLL=spin=" + std::to_string(poll.spin) + ",yield=" + std::to_string(poll.yield) +
                 ",sleep_max_us=" + std::to_string(poll.sleep_max_us) +
                 ",progress_every=" + std::to_string(poll.progress_every));

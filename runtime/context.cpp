@@ -1,7 +1,10 @@
 #include "ubep/context.hpp"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -181,8 +184,39 @@ std::int64_t topology_file_hash(const std::string& path) {
   return hash_text(text.str()) | 1;  // never 0 (unset) or -1
 }
 
+// A Context() that initialized MPI and then failed leaves MPI running (finalizing it is collective, and
+// the caller may retry, e.g. with a smaller heap): the next Context() owns it and finalizes it.
+bool mpi_left_by_failed_context = false;
+
 void set_errors_return(State& s, MPI_Comm c) {
   UBEP_MPI_CHECK(s.rank, "Context()", MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+}
+
+// MPI_Win_allocate_shared fails on the rank that cannot size its backing file while its node peers
+// wait in the window's own collective, forever: so every rank checks first that the heaps of all ranks
+// of its host fit in the directory MPI backs shared windows with (Open MPI's osc sm and MPICH: /dev/shm,
+// unless OMPI_MCA_osc_sm_backing_directory moves it), and all ranks fail together if one host lacks it.
+void check_shared_memory(State& s, int host_size) {
+  const char* dir = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+  if (dir == nullptr || *dir == '\0') dir = "/dev/shm";
+  const std::uint64_t need = static_cast<std::uint64_t>(host_size) * (s.heap_size + detail::kHeapAlign);
+  std::uint64_t avail = ~std::uint64_t{0};
+  struct statvfs fs {};
+  if (::statvfs(dir, &fs) == 0) avail = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+  struct {
+    int fits;
+    int rank;
+  } mine{avail >= need ? 1 : 0, s.rank}, first{};
+  UBEP_MPI_CHECK(s.rank, "Context()", MPI_Allreduce(&mine, &first, 1, MPI_2INT, MPI_MINLOC, s.comm));
+  if (first.fits) return;
+  std::string what = "the symmetric heaps do not fit in shared memory on the host of rank " +
+                     std::to_string(first.rank) + " (every rank fails here, the heap is not allocated)";
+  if (!mine.fits) {
+    what += ": " + std::to_string(host_size) + " rank(s) on this host need " + std::to_string(need) + " bytes (" +
+            std::to_string(s.heap_size) + "-byte UBEP_HEAP_SIZE each, plus alignment) but " + dir + " has " +
+            std::to_string(avail) + " bytes free";
+  }
+  throw OutOfHeap(s.prefix("Context()") + what + "; lower UBEP_HEAP_SIZE or enlarge " + dir);
 }
 
 void build(State& s, MPI_Comm user_comm) {
@@ -195,6 +229,9 @@ void build(State& s, MPI_Comm user_comm) {
     int provided = 0;
     UBEP_MPI_CHECK(-1, call, MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     s.owns_mpi = true;
+  } else if (mpi_left_by_failed_context) {
+    s.owns_mpi = true;  // MPI is ubep's: this context finalizes it
+    mpi_left_by_failed_context = false;
   }
   MPI_Query_thread(&s.thread_level);
   UBEP_MPI_CHECK(-1, call, MPI_Comm_dup(user_comm, &s.comm));
@@ -224,8 +261,8 @@ void build(State& s, MPI_Comm user_comm) {
   UBEP_MPI_CHECK(s.rank, call, MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &shared));
   // Which peers share this host (emulated nodes do): MPI reaches them through shared memory.
   std::vector<std::uint8_t> off_host(s.size, 1);
+  int host_size = 0;
   {
-    int host_size = 0;
     MPI_Comm_size(shared, &host_size);
     std::vector<int> host_ranks(host_size);
     UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&s.rank, 1, MPI_INT, host_ranks.data(), 1, MPI_INT, shared));
@@ -238,6 +275,7 @@ void build(State& s, MPI_Comm user_comm) {
     MPI_Comm_free(&shared);
   }
   set_errors_return(s, s.node_comm);
+  check_shared_memory(s, host_size);
   int node_size = 0;
   MPI_Comm_size(s.node_comm, &node_size);
   s.node_ranks.assign(node_size, 0);
@@ -327,6 +365,14 @@ void build(State& s, MPI_Comm user_comm) {
     MPI_Info_free(&winfo);
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(s.world_win, MPI_ERRORS_RETURN));
     UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, s.world_win));
+    // UBEP_MPI_BOUNDED=auto would run flushes to a same-host peer inline, as MPI completes them through
+    // shared memory. That holds for the signals and atomics of mapped peers, not for data: osc ucx completes
+    // puts into another process's MPI_Win_create window only with that process's progress, so an inline
+    // flush to a stalled peer never returned. A same-host peer whose data goes through MPI
+    // (UBEP_TRANSPORTS=mpi, another emulated node) is bounded like an off-host one (faults.stall.*.mpi).
+    for (int pe = 0; pe < s.size; ++pe) {
+      if (pe != s.rank && s.routes[pe] == Route::mpi) off_host[pe] = 1;
+    }
     // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE.
     s.mpi = std::make_unique<detail::MpiRmaTransport>(
         s.world_win, s.rank, s.size, s.options.mpi_signal_put,
@@ -383,7 +429,7 @@ Context::Context(MPI_Comm comm, Options options) : state_(std::make_shared<State
     build(*state_, comm);
   } catch (...) {
     state_->teardown();
-    if (state_->owns_mpi) MPI_Finalize();
+    if (state_->owns_mpi) mpi_left_by_failed_context = true;
     state_->finalized = true;
     throw;
   }
@@ -503,10 +549,19 @@ void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t
   }
   if (bytes == 0) return nullptr;
   if (!off) {
-    const std::size_t needed = s.heap.bytes_live() + bytes + align;
+    // What the live objects hold (whole slots) plus this request; when that fits in the heap already, the
+    // free space is fragmented, and only a heap larger by the request is sure to hold it.
+    const std::size_t want = detail::HeapAllocator::slots(bytes) + (align - detail::HeapAllocator::kSlot);
+    std::size_t needed = s.heap.bytes_reserved() + want;
+    const bool fragmented = needed <= s.heap_size;
+    if (fragmented) needed = s.heap_size + want;
+    needed = (needed + detail::kHeapAlign - 1) & ~(detail::kHeapAlign - 1);
     throw OutOfHeap(s.prefix("alloc") + std::to_string(bytes) + " bytes requested, the largest free block is " +
                     std::to_string(s.heap.largest_free()) + " of UBEP_HEAP_SIZE=" + std::to_string(s.heap_size) +
-                    " bytes; set UBEP_HEAP_SIZE to at least " + std::to_string(needed));
+                    " bytes (" + std::to_string(s.heap.live_count()) + " live objects hold " +
+                    std::to_string(s.heap.bytes_reserved()) + ", " + std::to_string(s.heap.free_bytes()) + " free" +
+                    (fragmented ? " but fragmented" : "") + "); set UBEP_HEAP_SIZE to at least " +
+                    std::to_string(needed));
   }
   return s.base + *off;
 }

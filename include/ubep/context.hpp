@@ -47,19 +47,24 @@
 /// Deadlines. Waits (wait_until*, and the MoE calls built on them) poll with the deadline
 /// WaitOptions::timeout or UBEP_WAIT_TIMEOUT and throw Errc::timeout with a report. ubep's collectives
 /// (the agreement in Context(), alloc, alloc_signals, Symmetric::free, barrier, agree, finalize) are
-/// non-blocking MPI requests polled with UBEP_WAIT_TIMEOUT: after one timed out the context runs no
-/// other collective (they throw Errc::timeout at once). On the mpi route the MPI calls that may need the
-/// target's progress (MPI_Win_flush[_local], fetching atomics, accumulates) run on an internal worker
+/// non-blocking MPI requests polled with UBEP_WAIT_TIMEOUT: when one times out, the rank asks every peer
+/// (point to point, for at most min(1 s, timeout / 5)) which collective it is in, and the error names the
+/// ranks that did not answer (dead, stalled, or outside ubep's collectives) and those in another collective;
+/// after that the context runs no other collective (they throw Errc::timeout at once). On the mpi route the MPI calls
+/// that may need the target's progress (MPI_Win_flush[_local], fetching atomics, accumulates) run on an internal worker
 /// thread while the caller polls with UBEP_WAIT_TIMEOUT, as UBEP_MPI_BOUNDED says: by default every such
-/// call to a peer on another host, and fetching atomics to any peer; flushes and accumulates to a peer
-/// on the same host run inline (MPI completes them through shared memory). With a thread level below
+/// call to a peer whose route is mpi (on this host too), and fetching atomics to any peer; accumulates and
+/// flushes to mapped (shm) peers run inline (MPI completes them through shared memory). With a thread level below
 /// MPI_THREAD_MULTIPLE, UBEP_MPI_BOUNDED=off or UBEP_WAIT_TIMEOUT=0 they all run inline and unbounded
 /// (UBEP_WAIT_TIMEOUT=0 also lifts the deadline of collectives, and of waits without WaitOptions::timeout).
 /// An MPI call that timed out stays pending inside MPI (MPI cannot cancel it): the next such call first
 /// waits for it, again with the deadline, so a peer that resumes heals the context, and buffers of the
 /// timed-out operation may still be read or written until then. Plain MPI collectives have no deadline:
 /// those that build the context (communicators, windows, the topology exchange) and free it (after the
-/// agreement of finalize()), and moe::BspLayer's MPI_Alltoall[v].
+/// agreement of finalize()), and moe::BspLayer's MPI_Alltoall[v]. Queues are bounded: on the ucx route
+/// any call that starts an operation first waits, with the deadline, for half of this rank's operations in
+/// flight once 16384 are (and flushes an rdma peer every 16384 operations), so 10^6 put_nbi before one
+/// quiet() hold a few MB, not hundreds; MPI queues the mpi route's operations itself.
 ///
 /// Thread safety: a Context is used by one thread at a time (the optional progress thread is internal).
 #pragma once
@@ -113,7 +118,12 @@ class Context {
  public:
   /// Collective over `comm` (duplicated, so user traffic never mixes with ours). Initializes MPI with
   /// MPI_THREAD_MULTIPLE when the caller has not; then finalize() also finalizes MPI. Allocates the
-  /// symmetric heap, maps node peers, builds the route table and the topology.
+  /// symmetric heap, maps node peers, builds the route table and the topology. Before the heap is allocated
+  /// every rank checks that the heaps of its host fit in the shared-memory directory MPI backs shared
+  /// windows with (/dev/shm, or OMPI_MCA_osc_sm_backing_directory); if one host lacks the space every
+  /// rank throws OutOfHeap naming that host's rank, the bytes needed and the bytes free. When it throws
+  /// after initializing MPI, MPI stays initialized (finalizing it is collective) and the next Context()
+  /// takes it over: a retry, e.g. with a smaller UBEP_HEAP_SIZE, works, and its finalize() finalizes MPI.
   /// @note Local completion: on return the context is ready on this rank. Remote completion: no rank returns
   /// before every rank has joined the agreement on the settings. Blocks: until every rank of `comm` arrives;
   /// the agreement at most UBEP_WAIT_TIMEOUT, the plain MPI collectives around it (MPI_Comm_dup, communicator

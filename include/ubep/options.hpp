@@ -70,9 +70,10 @@ struct Options {
   bool mpi_signal_put = true;
   /// UBEP_MPI_BOUNDED: which blocking MPI calls of the mpi route get the wait deadline (they then run on
   /// a worker thread while the caller polls; see context.hpp "Deadlines"). "auto" (default): every call
-  /// to a peer on another host, and fetching atomics to any peer (osc ucx emulates them at the target);
-  /// flushes and accumulates to a peer on the same host run inline, since MPI completes them through
-  /// shared memory without the target. "all": every call (for UCX_TLS without shared memory on one
+  /// to a peer on the mpi route (on this host too: osc ucx completes puts into its window only with its
+  /// progress), and fetching atomics to any peer (osc ucx emulates them at the target); accumulates and
+  /// flushes to mapped (shm) peers run inline, since MPI completes them through shared memory without the
+  /// target. "all": every call (for UCX_TLS without shared memory on one
   /// host). "off": none (every call inline, unbounded).
   std::string mpi_bounded = "auto";
 

@@ -162,6 +162,7 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   }
   backlog_.resize(nranks);
   gets_in_flight_.assign(nranks, 0);
+  rdma_unflushed_.assign(nranks, 0);
   dirty_.assign(nranks, 0);
   rdma_.assign(nranks, 0);
   data_dirty_.assign(nranks, 0);
@@ -283,7 +284,25 @@ void UcxTransport::mark(int pe) {
   }
 }
 
+void UcxTransport::throttle(int pe, const char* what) {
+  // Answers and forwards sent from inside progress() are never held back (the progress they would wait
+  // for is the caller's own).
+  if (in_progress_) return;
+  if (rdma_[pe] && ++rdma_unflushed_[pe] >= kMaxInFlight) {
+    // UCX completes emulated (and bcopy) RMA at once and queues it inside: only a flush bounds that queue.
+    rdma_unflushed_[pe] = 0;
+    void* req = flush_ep(pe);
+    wait(what, pe, [&] { return request_status(req) != UCS_INPROGRESS; });
+    finish_flush(req, pe);
+  }
+  if (sends_.size() + pending_.size() < kMaxInFlight) return;
+  progress();
+  if (sends_.size() + pending_.size() < kMaxInFlight) return;
+  wait(what, pe, [this] { return sends_.size() + pending_.size() <= kMaxInFlight / 2; });
+}
+
 void UcxTransport::send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what) {
+  throttle(pe, what);
   sends_.push_back(Send{hdr, nullptr, pe});
   Send& s = sends_.back();
   ucp_request_param_t p{};
@@ -325,12 +344,14 @@ std::uint64_t UcxTransport::track(Send& s, void* req, bool wait_local, const cha
 
 void UcxTransport::rdma_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local,
                             const char* what) {
+  throttle(pe, what);
   sends_.push_back(Send{Msg{}, nullptr, pe});
   ucp_request_param_t p{};
   track(sends_.back(), ucp_put_nbx(eps_[pe], src, bytes, remote_base_[pe] + offset, rkeys_[pe], &p), wait_local, what);
 }
 
 void UcxTransport::rdma_get(void* dst, std::size_t offset, std::size_t bytes, int pe, bool wait, const char* what) {
+  throttle(pe, what);
   sends_.push_back(Send{Msg{}, nullptr, pe});
   ucp_request_param_t p{};
   track(sends_.back(), ucp_get_nbx(eps_[pe], dst, bytes, remote_base_[pe] + offset, rkeys_[pe], &p), wait, what);
@@ -338,6 +359,7 @@ void UcxTransport::rdma_get(void* dst, std::size_t offset, std::size_t bytes, in
 
 std::uint64_t UcxTransport::rdma_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
                                         int pe, bool fetching, const char* what) {
+  throttle(pe, what);
   ucp_worker_fence(worker_);  // release: after every earlier operation of this rank
   sends_.push_back(Send{Msg{}, nullptr, pe});
   Send& s = sends_.back();
@@ -376,6 +398,7 @@ void UcxTransport::rdma_signal(AtomicOp op, std::size_t offset, std::uint64_t op
     rdma_atomic(op, offset, operand, 0, pe, false, "put_signal");
     return;
   }
+  throttle(pe, "put_signal");
   ucp_worker_fence(worker_);
   sends_.push_back(Send{Msg{}, nullptr, pe});
   Send& s = sends_.back();

@@ -140,6 +140,12 @@ class UcxTransport final : public Transport {
     bool keep = false;  // the waiter erases it (blocking get, atomics, flushes); else erased when done
   };
 
+  /// Operations in flight (sends not locally complete plus answers awaited) before a new one first waits
+  /// for half of them: 10^6 put_nbi before one quiet() stay bounded in memory (about 400 bytes each) and
+  /// progress() never walks an unbounded list; an rdma peer is flushed every kMaxInFlight operations (UCX
+  /// queues completed-at-once RMA internally). The waits have the UBEP_WAIT_TIMEOUT deadline.
+  static constexpr std::size_t kMaxInFlight = 16384;
+  void throttle(int pe, const char* what);
   void send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what);
   /// Tracks the request of `s` (the newest entry of sends_); with wait_local, waits for it and erases it.
   /// Returns s.reply when it waited (or the operation completed in the call).
@@ -207,6 +213,7 @@ class UcxTransport final : public Transport {
   std::vector<Answer> owed_;
   std::unordered_map<std::uint64_t, Pending> pending_;  // by token
   std::vector<int> gets_in_flight_;                     // per pe
+  std::vector<std::size_t> rdma_unflushed_;             // per rdma pe: operations since throttle() flushed it
   std::uint64_t next_token_ = 1;
   std::vector<std::uint8_t> dirty_;
   std::vector<std::uint8_t> data_dirty_;  // per pe: puts issued since its last flush
