@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "moe/handle.hpp"
 #include "moe/kernels.hpp"
@@ -96,6 +97,35 @@ std::uint8_t float_to_e4m3(float f) noexcept {
   return sign | static_cast<std::uint8_t>(lo);
 }
 
+float load_element(DType t, const std::byte* row, int i, float scale) noexcept {
+  switch (t) {
+    case DType::f32: {
+      float v;
+      std::memcpy(&v, row + 4 * static_cast<std::size_t>(i), 4);
+      return v;
+    }
+    case DType::bf16: {
+      std::uint16_t b;
+      std::memcpy(&b, row + 2 * static_cast<std::size_t>(i), 2);
+      return bf16_to_float(b);
+    }
+    case DType::e4m3: return e4m3_to_float(static_cast<std::uint8_t>(row[i])) * scale;
+  }
+  return 0;
+}
+
+void store_element(DType t, std::byte* row, int i, float v, float scale) noexcept {
+  switch (t) {
+    case DType::f32: std::memcpy(row + 4 * static_cast<std::size_t>(i), &v, 4); break;
+    case DType::bf16: {
+      const std::uint16_t b = float_to_bf16(v);
+      std::memcpy(row + 2 * static_cast<std::size_t>(i), &b, 2);
+      break;
+    }
+    case DType::e4m3: row[i] = static_cast<std::byte>(float_to_e4m3(v / scale)); break;
+  }
+}
+
 int ExpertMap::first(int rank) const {
   const int base = num_experts / ranks, extra = num_experts % ranks;
   return rank * base + std::min(rank, extra);
@@ -130,12 +160,32 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
     bad("combine=" + std::to_string(static_cast<int>(c.combine)) +
         " is not a moe::Combine (per_expert=0, per_rank=1, per_node=2)");
   }
-  if (c.num_experts < 1) bad("num_experts=" + std::to_string(c.num_experts) + " must be at least 1");
-  if (c.hidden < 1) bad("hidden=" + std::to_string(c.hidden) + " must be at least 1");
+  // Host-side buffers (per-expert counts, one scratch row) grow with these outside any heap check, so
+  // they are bounded: 2^20 experts, rows of 2^20 elements (found by fuzz_moe_validation).
+  constexpr int kMaxDim = 1 << 20;
+  if (c.num_experts < 1 || c.num_experts > kMaxDim) {
+    bad("num_experts=" + std::to_string(c.num_experts) + " must be in [1, " + std::to_string(kMaxDim) + "]");
+  }
+  if (c.hidden < 1 || c.hidden > kMaxDim) {
+    bad("hidden=" + std::to_string(c.hidden) + " must be in [1, " + std::to_string(kMaxDim) + "]");
+  }
   if (c.topk < 1 || c.topk > c.num_experts) {
     bad("topk=" + std::to_string(c.topk) + " must be in [1, num_experts=" + std::to_string(c.num_experts) + "]");
   }
   if (c.max_tokens_per_rank < 0) bad("max_tokens_per_rank=" + std::to_string(c.max_tokens_per_rank) + " is negative");
+  // Every buffer size (Layer::heap_bytes, BspLayer's buffers) is a product of these; beyond 2^52 bytes the
+  // 64-bit sums wrap, and a wrapped heap_bytes passed the heap check (found by fuzz_moe_validation).
+  std::uint64_t worst = 8;  // bytes of the widest row element (float partials), times the counts below
+  bool wraps = false;
+  for (const std::int64_t f : {std::int64_t{c.max_tokens_per_rank}, std::int64_t{c.topk}, std::int64_t{c.hidden},
+                               std::int64_t{size_}, static_cast<std::int64_t>(ctx.options().run_ahead)}) {
+    wraps = wraps || __builtin_mul_overflow(worst, static_cast<std::uint64_t>(f), &worst);
+  }
+  if (wraps || worst > (std::uint64_t{1} << 52)) {
+    bad("max_tokens_per_rank x topk x hidden = " + std::to_string(c.max_tokens_per_rank) + " x " +
+        std::to_string(c.topk) + " x " + std::to_string(c.hidden) + " needs buffers beyond 2^52 bytes on " +
+        std::to_string(size_) + " ranks");
+  }
   ctx.agree(
       who,
       {c.num_experts, c.hidden, static_cast<std::int64_t>(c.dtype), c.topk, c.max_tokens_per_rank,

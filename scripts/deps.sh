@@ -2,7 +2,7 @@
 # Installs the Debian packages ubep needs, only those that are missing. Safe to run again.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libopenmpi-dev openmpi-bin libhwloc-dev hwloc libucx-dev ucx-utils
-          libnuma-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev clang-format iproute2
+          libnuma-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev clang-format clang iproute2
           gnuplot-nox python3 python3-matplotlib)
 if [[ "${UBEP_WITH_MPICH:-0}" == 1 ]]; then packages+=(libmpich-dev mpich); fi
 missing=()

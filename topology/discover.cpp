@@ -167,13 +167,15 @@ std::vector<int> parse_virtual_nodes(const std::string& spec, int nranks) {
     if (group.empty()) throw fail("node " + std::to_string(k) + " has no ranks");
     std::vector<int> ranks;
     try {
-      ranks = parse_cpu_list(group);
+      ranks = parse_cpu_list(group, nranks - 1);  // a rank beyond the job fails before anything is expanded
+    } catch (const std::out_of_range& e) {
+      throw fail("rank " + std::string(e.what()) + " does not exist (" + std::to_string(nranks) + " ranks)");
     } catch (const std::exception&) {
       throw fail("bad rank list '" + group + "' (expected e.g. 0,1|2-3)");
     }
+    // "," has no rank either: parse_cpu_list skips empty items (found by fuzz_virtual_nodes).
+    if (ranks.empty()) throw fail("node " + std::to_string(k) + " has no ranks");
     for (int r : ranks) {
-      if (r >= nranks)
-        throw fail("rank " + std::to_string(r) + " does not exist (" + std::to_string(nranks) + " ranks)");
       if (node[r] >= 0) throw fail("rank " + std::to_string(r) + " is listed twice");
       node[r] = k;
     }

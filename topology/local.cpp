@@ -2,10 +2,13 @@
 #include "topology/local.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
+#include <string_view>
+#include <type_traits>
 
 #include "topology/model.hpp"
 #include "topology/slurm.hpp"
@@ -37,25 +40,38 @@ void copy_fixed(char* dst, std::size_t cap, const std::string& s, bool ellipsis)
   std::memcpy(dst, v.data(), v.size());
 }
 
-std::vector<int> parse_cpu_list(const std::string& list) {
-  std::vector<int> cpus;
+std::vector<int> parse_cpu_list(const std::string& list, int max_value) {
+  // Digits only: std::stoi would take "1x" for 1, " 1" and "+1" too (found by fuzz_virtual_nodes).
+  auto number = [&](const std::string& item, std::string_view digits) {
+    int v = 0;
+    const char* end = digits.data() + digits.size();
+    const auto [stop, ec] = std::from_chars(digits.data(), end, v);
+    if (digits.empty() || digits[0] == '-' || ec != std::errc() || stop != end)
+      throw std::invalid_argument("bad cpu list item '" + item + "' in '" + list + "'");
+    if (v > max_value) throw std::out_of_range(std::to_string(v));
+    return v;
+  };
+  std::vector<std::pair<int, int>> ranges;
   std::size_t pos = 0;
   while (pos < list.size()) {
     std::size_t end = list.find(',', pos);
     if (end == std::string::npos) end = list.size();
-    std::string item = list.substr(pos, end - pos);
+    const std::string item = list.substr(pos, end - pos);
     pos = end + 1;
     if (item.empty()) continue;
-    auto dash = item.find('-');
-    try {
-      int a = std::stoi(item.substr(0, dash));
-      int b = dash == std::string::npos ? a : std::stoi(item.substr(dash + 1));
-      if (a < 0 || b < a) throw std::invalid_argument("");
-      for (int c = a; c <= b; ++c) cpus.push_back(c);
-    } catch (const std::exception&) {
-      throw std::invalid_argument("bad cpu list item '" + item + "' in '" + list + "'");
-    }
+    const std::string_view view(item);
+    const auto dash = view.find('-');
+    const int a = number(item, view.substr(0, dash));
+    const int b = dash == std::string_view::npos ? a : number(item, view.substr(dash + 1));
+    if (b < a) throw std::invalid_argument("bad cpu list item '" + item + "' in '" + list + "'");
+    ranges.emplace_back(a, b);
   }
+  std::vector<int> cpus;
+  for (auto [a, b] : ranges)
+    for (int c = a;; ++c) {
+      cpus.push_back(c);
+      if (c == b) break;  // b may be INT_MAX
+    }
   std::sort(cpus.begin(), cpus.end());
   cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
   return cpus;
@@ -147,11 +163,16 @@ void scan_io(HostLayout::Impl& impl, bool use_cuda) {
   // One NIC per PCI function, named after its RDMA device (mlx5_0) when it has one, else its netdev.
   std::map<hwloc_obj_t, std::pair<std::string, bool>> by_pci;
   for (hwloc_obj_t os = nullptr; (os = hwloc_get_next_osdev(topo, os));) {
-    const auto type = os->attr->osdev.type;
-    if (type != HWLOC_OBJ_OSDEV_NETWORK && type != HWLOC_OBJ_OSDEV_OPENFABRICS) continue;
+    // hwloc stores an XML's osdev_type unchecked, and loading a value outside the enum is undefined
+    // behaviour (UBSan, found by fuzz_hwloc_placement): read the bits as an integer.
+    using Bits = std::underlying_type_t<hwloc_obj_osdev_type_t>;
+    Bits type = 0;
+    static_assert(sizeof type == sizeof os->attr->osdev.type);
+    std::memcpy(&type, &os->attr->osdev.type, sizeof type);
+    const bool rdma = type == static_cast<Bits>(HWLOC_OBJ_OSDEV_OPENFABRICS);
+    if (!rdma && type != static_cast<Bits>(HWLOC_OBJ_OSDEV_NETWORK)) continue;
     hwloc_obj_t pci = os->parent;
     if (!pci || pci->type != HWLOC_OBJ_PCI_DEVICE || !os->name) continue;
-    const bool rdma = type == HWLOC_OBJ_OSDEV_OPENFABRICS;
     auto it = by_pci.find(pci);
     if (it == by_pci.end() || (rdma && !it->second.second)) by_pci[pci] = {os->name, rdma};
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -32,8 +33,11 @@ std::uint64_t hash_name(const std::string& s) noexcept;
 /// Copies `s` into a fixed char array, truncating (with "..." when `ellipsis`).
 void copy_fixed(char* dst, std::size_t cap, const std::string& s, bool ellipsis = false);
 
-/// Parses a cpu list ("0-3,8"); throws std::invalid_argument.
-std::vector<int> parse_cpu_list(const std::string& list);
+/// Parses a cpu list ("0-3,8"): comma-separated items N or N-M (N <= M) of decimal digits only, empty items
+/// skipped; returns the values sorted, without duplicates. Throws std::out_of_range, whose what() is the
+/// value, for the first value above `max_value` (before expanding anything, so "0-2000000000" costs
+/// nothing), and std::invalid_argument naming the item for anything else.
+std::vector<int> parse_cpu_list(const std::string& list, int max_value = std::numeric_limits<int>::max());
 
 /// The hardware layout of one host, loaded once. Move-only; owns the hwloc topology when built with hwloc.
 class HostLayout {

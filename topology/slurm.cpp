@@ -42,15 +42,24 @@ std::vector<std::string> split_top_level(std::string_view list) {
 
 }  // namespace
 
-std::vector<std::string> expand_hostlist(std::string_view list) {
-  std::vector<std::string> hosts;
+std::vector<std::string> expand_hostlist(std::string_view list, std::size_t max_names) {
   if (list.empty()) throw std::invalid_argument("empty host list");
+  // Two passes: check the whole list and count its names, then expand; so a list that names too many
+  // hosts fails before anything is built (found by fuzz_slurm_topology).
+  struct Range {
+    std::string prefix, suffix;
+    long lo, hi;
+    std::size_t width;  // 0: a plain name (prefix)
+  };
+  std::vector<Range> parts;
+  std::size_t count = 0;
   for (const std::string& item : split_top_level(list)) {
     if (item.empty()) throw std::invalid_argument("empty item in host list '" + std::string(list) + "'");
     auto open = item.find('[');
     auto close = item.find(']');
     if (open == std::string::npos && close == std::string::npos) {
-      hosts.push_back(item);
+      parts.push_back({item, "", 0, 0, 0});
+      ++count;
       continue;
     }
     if (open == std::string::npos || close == std::string::npos || close < open)
@@ -72,12 +81,25 @@ std::vector<std::string> expand_hostlist(std::string_view list) {
       long a = std::stol(lo), b = std::stol(hi);
       if (b < a) throw std::invalid_argument("descending range '" + range + "' in '" + item + "'");
       if (b - a > 100000) throw std::invalid_argument("range '" + range + "' is too large");
-      const std::size_t width = lo.size();
-      for (long v = a; v <= b; ++v) {
-        std::string num = std::to_string(v);
-        if (num.size() < width) num.insert(0, width - num.size(), '0');
-        hosts.push_back(prefix + num + suffix);
-      }
+      parts.push_back({prefix, suffix, a, b, lo.size()});
+      count += static_cast<std::size_t>(b - a + 1);
+    }
+  }
+  if (count > max_names) {
+    throw std::invalid_argument("host list '" + std::string(list.substr(0, 64)) + (list.size() > 64 ? "..." : "") +
+                                "' names " + std::to_string(count) + " hosts, more than " + std::to_string(max_names));
+  }
+  std::vector<std::string> hosts;
+  hosts.reserve(count);
+  for (const Range& r : parts) {
+    if (r.width == 0) {
+      hosts.push_back(r.prefix);
+      continue;
+    }
+    for (long v = r.lo; v <= r.hi; ++v) {
+      std::string num = std::to_string(v);
+      if (num.size() < r.width) num.insert(0, r.width - num.size(), '0');
+      hosts.push_back(r.prefix + num + r.suffix);
     }
   }
   return hosts;
@@ -96,7 +118,7 @@ std::string format_int_list(const std::vector<int>& values) {
   return out;
 }
 
-SwitchTree SwitchTree::parse(std::istream& in, const std::string& filename) {
+SwitchTree SwitchTree::parse(std::istream& in, const std::string& filename, std::size_t max_names) {
   auto fail = [&](int line, const std::string& why) -> Error {
     return Error(Errc::invalid_argument, "ubep: " + filename + ":" + std::to_string(line) + ": " + why);
   };
@@ -110,6 +132,7 @@ SwitchTree SwitchTree::parse(std::istream& in, const std::string& filename) {
   };
   std::vector<Pending> links;
   std::map<std::string, int> host_line;
+  std::size_t names = 0;  // hosts and child switches named so far, at most max_names
   std::string text;
   for (int line_no = 1; std::getline(in, text); ++line_no) {
     if (auto hash = text.find('#'); hash != std::string::npos) text.erase(hash);
@@ -150,9 +173,16 @@ SwitchTree SwitchTree::parse(std::istream& in, const std::string& filename) {
     sw.name = name;
     sw.line = line_no;
     try {
-      if (has_nodes) sw.hosts = expand_hostlist(nodes);
-      if (has_children)
-        for (const std::string& child : expand_hostlist(children)) links.push_back({self, child, line_no});
+      if (has_nodes) {
+        sw.hosts = expand_hostlist(nodes, max_names - names);
+        names += sw.hosts.size();
+      }
+      if (has_children) {
+        for (const std::string& child : expand_hostlist(children, max_names - names)) {
+          links.push_back({self, child, line_no});
+          ++names;
+        }
+      }
     } catch (const std::invalid_argument& e) {
       throw fail(line_no, e.what());
     }

@@ -2,6 +2,7 @@
 // switch levels separate two hosts.
 #pragma once
 
+#include <cstddef>
 #include <istream>
 #include <map>
 #include <string>
@@ -10,10 +11,16 @@
 
 namespace ubep::detail {
 
+/// The most host and switch names one topology file may hold, all lines together: a 2 KiB file of ranges
+/// such as "n[0-99999,0-99999,...]" would otherwise name 30 million hosts and stall every rank (found by
+/// fuzz_slurm_topology). Slurm clusters have well under 2^18 nodes.
+inline constexpr std::size_t kMaxTopologyNames = std::size_t{1} << 18;
+
 /// Expands a Slurm host list: "node[01-04,07]", "a1,b[2-3]", "login". One bracket group per item
 /// (Slurm's multi-dimensional "rack[1-2]node[1-4]" is not supported); zero padding follows the width
-/// of the range's first bound. Throws std::invalid_argument with the reason on a malformed list.
-std::vector<std::string> expand_hostlist(std::string_view list);
+/// of the range's first bound. Throws std::invalid_argument with the reason on a malformed list, and when
+/// the list names more than `max_names` hosts (counted before anything is expanded).
+std::vector<std::string> expand_hostlist(std::string_view list, std::size_t max_names = kMaxTopologyNames);
 
 /// Compresses sorted integers into a range list ("0-3,7"); used for rank and cpu lists.
 std::string format_int_list(const std::vector<int>& values);
@@ -32,8 +39,8 @@ class SwitchTree {
   /// Parses `in`; `filename` only names the file in errors. Throws ubep::Error (invalid_argument)
   /// "<filename>:<line>: <reason>" for unknown keys, a line without SwitchName, a bad host range, a
   /// switch defined twice, an unknown switch in Switches=, a switch with two parents, a host on two
-  /// switches, and cycles.
-  static SwitchTree parse(std::istream& in, const std::string& filename);
+  /// switches, cycles, and more than `max_names` host and switch names in all (see kMaxTopologyNames).
+  static SwitchTree parse(std::istream& in, const std::string& filename, std::size_t max_names = kMaxTopologyNames);
   /// Reads and parses a file; throws ubep::Error when it cannot be read or parsed.
   static SwitchTree load(const std::string& path);
 

@@ -95,6 +95,11 @@ std::uint16_t float_to_bf16(float f) noexcept;
 float bf16_to_float(std::uint16_t b) noexcept;
 std::uint8_t float_to_e4m3(float f) noexcept;
 float e4m3_to_float(std::uint8_t q) noexcept;
+/// Element `i` of a row of type `t` (a token of `hidden` elements), as a float: e4m3 elements are multiplied
+/// by `scale` (the token's scale), the other types ignore it.
+float load_element(DType t, const std::byte* row, int i, float scale = 1.0f) noexcept;
+/// Stores `v` as element `i` of a row of type `t`, rounded as above; e4m3 stores v / scale.
+void store_element(DType t, std::byte* row, int i, float v, float scale = 1.0f) noexcept;
 
 /// How moe::Layer moves tokens and sums expert outputs: see "Combine modes" at the top of this file.
 enum class Combine : std::uint8_t {
@@ -313,9 +318,9 @@ class Layer final : public LayerBase {
   /// max_tokens_per_rank x min(topk, ranks) partial or node rows, and per_node across nodes one inbox of
   /// max_tokens_per_rank tokens per source this rank relays for, with max_tokens_per_rank x min(topk, ranks
   /// per node) partial rows each; and the signals (see heap_bytes()). Throws Errc::invalid_argument for a bad
-  /// config (a dtype outside DType, a combine outside Combine, num_experts, hidden, topk or
-  /// max_tokens_per_rank out of range) on
-  /// each rank before any collective; collective_mismatch when ranks disagree on the config; OutOfHeap
+  /// config (a dtype outside DType, a combine outside Combine, num_experts or hidden outside [1, 2^20], topk
+  /// outside [1, num_experts], a negative max_tokens_per_rank, buffers beyond 2^52 bytes) on each rank before
+  /// any collective; collective_mismatch when ranks disagree on the config; OutOfHeap
   /// naming UBEP_HEAP_SIZE and a size that is enough when set exactly: the bytes outside the heap's
   /// largest free block plus heap_bytes() (it assumes that block is the heap's free end, which holds
   /// unless freed objects left a larger hole below a live one). Peers are served in the order of the
