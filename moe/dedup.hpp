@@ -247,7 +247,7 @@ struct Layer::Dedup {
         seen = ctx.wait_until_some({sig.data(), g.signals}, Cmp::ge, want, {.writers = writers, .what = what});
       } catch (const Error& e) {
         if (e.code() != Errc::timeout) throw;
-        throw Error(Errc::timeout, std::string(e.what()) + "; " + awaited());
+        throw Error(Errc::timeout, std::string(e.what()) + "; meanwhile " + awaited());
       }
       for (std::size_t i : seen) {
         have[i] = want[i];

@@ -2,6 +2,9 @@
 // (kind, sequence number, arguments), so ranks that call different collectives, in a different order,
 // or with different arguments all learn it and throw, and ranks that never arrive produce a timeout
 // instead of a hang. The record carries each value and its negation, so one MAX gives min and max.
+// An allreduce cannot say who is missing, so a rank whose collective timed out holds a roll call (below)
+// before it throws, and names the ranks that did not answer from inside the collective.
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <mutex>
@@ -13,6 +16,77 @@
 #include "runtime/state.hpp"
 
 namespace ubep::detail {
+
+namespace {
+
+// The roll call: point-to-point messages on the context's own communicator, which carries no other
+// point-to-point traffic. A rank whose collective #q timed out sends q to every peer; a peer that is
+// polling a collective (wait_request, or its own roll call) answers {q, its collective number}.
+constexpr int kRollQuery = 0x7562, kRollReply = 0x7563;
+
+// Messages of the roll call go out with MPI_Isend to peers that may be dead, so their requests are freed at
+// once and their buffers stay here (reachable, for the life of the process): MPI may read them later. Only
+// failure paths send them, a few per peer.
+struct Outbox {
+  std::mutex lock;
+  std::vector<std::unique_ptr<std::array<std::int64_t, 2>>> kept;
+  void send(std::int64_t a, std::int64_t b, int to, int tag, MPI_Comm comm) {
+    const std::lock_guard<std::mutex> hold(lock);
+    kept.push_back(std::make_unique<std::array<std::int64_t, 2>>(std::array<std::int64_t, 2>{a, b}));
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(kept.back()->data(), 2, MPI_INT64_T, to, tag, comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+  }
+};
+Outbox& outbox() {
+  static Outbox box;
+  return box;
+}
+
+// Answers the roll-call queries that have arrived; never waits. MPI errors (a dead asker) are ignored.
+void answer_roll_call(const State& s) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kRollQuery, s.comm, &flag, &st) != MPI_SUCCESS || !flag) return;
+    std::array<std::int64_t, 2> q{};
+    if (MPI_Recv(q.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kRollQuery, s.comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+    outbox().send(q[0], static_cast<std::int64_t>(s.collective_seq), st.MPI_SOURCE, kRollReply, s.comm);
+  }
+}
+
+// After collective #seq timed out on this rank: asks every peer, for at most `grace`, which collective it is
+// polling. Returns, per rank, that collective's number, or -1 when the rank did not answer (dead, stalled,
+// or outside ubep's collectives). A peer in the same collective answers within microseconds; all that waits
+// the whole grace is a rank that is missing.
+std::vector<std::int64_t> roll_call(const State& s, std::int64_t seq, std::chrono::duration<double> grace) {
+  std::vector<std::int64_t> at(s.size, -1);
+  at[s.rank] = seq;
+  for (int pe = 0; pe < s.size; ++pe) {
+    if (pe != s.rank) outbox().send(seq, 0, pe, kRollQuery, s.comm);
+  }
+  int missing = s.size - 1;
+  const auto end = std::chrono::steady_clock::now() + grace;
+  Backoff backoff(s.options.poll);
+  while (missing > 0 && std::chrono::steady_clock::now() < end) {
+    answer_roll_call(s);  // peers whose copy timed out too ask at the same time
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kRollReply, s.comm, &flag, &st) == MPI_SUCCESS && flag) {
+      std::array<std::int64_t, 2> r{};
+      if (MPI_Recv(r.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kRollReply, s.comm, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+          r[0] == seq && at[st.MPI_SOURCE] < 0) {  // a late answer to an earlier roll call does not count
+        at[st.MPI_SOURCE] = r[1];
+        --missing;
+      }
+      continue;
+    }
+    if (s.ucx) s.ucx->poll();
+    backoff.pause();
+  }
+  return at;
+}
+
+}  // namespace
 
 const char* to_string(CollKind kind) noexcept {
   switch (kind) {
@@ -38,12 +112,29 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
     if (done) return;
     if (ucx) ucx->poll();  // a peer may wait for this rank's answer before it joins
     backoff.pause();
+    if ((backoff.polls() & 63) == 0) answer_roll_call(*this);
     if (timeout.count() > 0 && (backoff.polls() & 63) == 0 && std::chrono::steady_clock::now() - start > timeout) {
       broken = true;  // the request stays pending inside MPI; this context cannot run collectives again
-      std::ostringstream msg;
-      msg << what << " did not complete within " << timeout.count()
-          << " s (UBEP_WAIT_TIMEOUT): not every rank of the communicator (size " << size
-          << ") reached it; a rank skipped the call, called another collective, or is stuck elsewhere";
+      const auto seq = static_cast<std::int64_t>(collective_seq);
+      const auto grace = std::min(std::chrono::duration<double>(1.0), timeout * 0.2);
+      const std::vector<std::int64_t> at = roll_call(*this, seq, grace);
+      std::ostringstream msg, absent, elsewhere;
+      int joined = 0;
+      for (int pe = 0; pe < size; ++pe) {
+        if (at[pe] == seq) ++joined;
+        if (at[pe] < 0) absent << " " << pe;
+        if (at[pe] >= 0 && at[pe] != seq) elsewhere << "; rank " << pe << " is in collective #" << at[pe];
+      }
+      msg << what << " did not complete within " << timeout.count() << " s (UBEP_WAIT_TIMEOUT): " << joined << " of "
+          << size << " ranks reached it";
+      if (!absent.str().empty()) {
+        msg << "; not answering from inside a collective within " << grace.count() << " s (dead, stalled, or busy "
+            << "outside ubep's collectives): rank" << absent.str();
+      }
+      msg << elsewhere.str();
+      if (absent.str().empty() && elsewhere.str().empty()) {
+        msg << "; every rank answered from this collective: MPI did not complete it";
+      }
       fail(Errc::timeout, call, msg.str());
     }
   }
