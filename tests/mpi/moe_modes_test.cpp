@@ -131,20 +131,7 @@ Input input_of(const Config& c, int rank, int size, Route r, unsigned seed) {
     const float scale = 0.25f + 0.125f * static_cast<float>((t + seed) % 5);
     for (int i = 0; i < c.hidden; ++i) {
       const float v = test::token_value(rank, t + static_cast<int>(seed % 97u) * 7, i);
-      std::byte* p = in.tokens.data() + (static_cast<std::size_t>(t) * c.hidden + i) * es;
-      switch (c.dtype) {
-        case DType::f32: std::memcpy(p, &v, 4); break;
-        case DType::bf16: {
-          const std::uint16_t b = moe::float_to_bf16(v);
-          std::memcpy(p, &b, 2);
-          break;
-        }
-        case DType::e4m3: {
-          const std::uint8_t q = moe::float_to_e4m3(v / scale);
-          std::memcpy(p, &q, 1);
-          break;
-        }
-      }
+      moe::store_element(c.dtype, in.tokens.data() + static_cast<std::size_t>(t) * c.hidden * es, i, v, scale);
     }
     if (c.dtype == DType::e4m3) in.scales.push_back(scale);
   }

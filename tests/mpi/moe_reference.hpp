@@ -83,20 +83,7 @@ inline Input make_input(const Config& c, int rank, int size, Routing r, unsigned
 }
 
 inline float decode(const Config& c, const std::byte* tok, float scale, int i) {
-  switch (c.dtype) {
-    case DType::f32: {
-      float v;
-      std::memcpy(&v, tok + 4 * i, 4);
-      return v;
-    }
-    case DType::bf16: {
-      std::uint16_t b;
-      std::memcpy(&b, tok + 2 * i, 2);
-      return moe::bf16_to_float(b);
-    }
-    case DType::e4m3: return moe::e4m3_to_float(static_cast<std::uint8_t>(tok[i])) * scale;
-  }
-  return 0;
+  return moe::load_element(c.dtype, tok, i, scale);
 }
 
 // The expert: y = x * (1 + 0.01 (e + 1)), rounded to the output type.
