@@ -28,7 +28,11 @@ function(ubep_add_unit_test name source)
   target_link_libraries(${name} PRIVATE ubep::ubep GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   add_test(NAME ${name} COMMAND ${name})
-  # Sanitized builds run the exhaustive schedule checks about 50x slower.
+  # Sanitized builds run the exhaustive schedule checks about 50x slower: they check memory errors on a
+  # smaller exhaustive range (UBEP_TEST_SANITIZED), the default build checks the whole range.
+  if(UBEP_SANITIZE OR UBEP_TSAN)
+    target_compile_definitions(${name} PRIVATE UBEP_TEST_SANITIZED=1)
+  endif()
   if(UBEP_SANITIZE)
     set(timeout 900)
   else()

@@ -2,13 +2,17 @@
 # The test command: installs what is missing, builds, and runs the whole test suite:
 #   1. format check (clang-format, the project's .clang-format)
 #   2. the default build (Open MPI): unit, mpi (2/3/4 ranks, default and forced-mpi routes),
-#      install/consumer, bench-smoke, and multinode (emulated nodes; needs root and ip netns)
+#      install/consumer, bench-smoke, multinode (emulated nodes; needs root and ip netns), the resource
+#      limits (limits_test, the 4 GiB transfer), the fault jobs (label faults) and a 60 s soak (label soak)
 #   3. an MPICH build in its own tree (build-mpich): unit, install/consumer, and the mpi tests at 2 ranks
 #      (default and forced-mpi routes); MPICH busy-polls, so it never gets more ranks than this machine's
-#      2 cores (no np3/np4 tests, one MPI job at a time)
+#      2 cores (no np3/np4 tests, one MPI job at a time; not the 4 GiB transfer)
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build in its own tree: unit + mpi tests
-# Environment: UBEP_TEST_SKIP_MPICH=1 skips step 3, UBEP_TEST_SKIP_ASAN=1 step 4; UBEP_BUILD_DIR (default
-# build) names the default tree.
+#   5. the libFuzzer targets (scripts/fuzz.sh: clang, build-fuzz), 10 s each
+#   6. a ThreadSanitizer build in its own tree (build-tsan): the tests that run a second thread (progress
+#      thread on the ucx and mpi routes, bounded MPI calls, a soak run with the progress thread)
+# Environment: UBEP_TEST_SKIP_MPICH=1 skips step 3, UBEP_TEST_SKIP_ASAN=1 step 4, UBEP_TEST_SKIP_FUZZ=1 step 5,
+# UBEP_TEST_SKIP_TSAN=1 step 6; UBEP_BUILD_DIR (default build) names the default tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -35,7 +39,7 @@ if [[ "${UBEP_TEST_SKIP_MPICH:-0}" != 1 ]]; then
   # Every test that starts ranks declares PROCESSORS = its rank count, so -j "$JOBS" never runs more MPICH
   # ranks at once than there are cores. The multinode suites registered in this tree are not run here.
   ctest --test-dir build-mpich --output-on-failure -j "$JOBS" -L "unit|mpi" -LE multinode \
-    -E '\.np([013-9]|[1-9][0-9]+)(\.|$)' --timeout 600
+    -E '\.np([013-9]|[1-9][0-9]+)(\.|$)|\.big(\.|$)' --timeout 600
 fi
 
 if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
@@ -50,9 +54,33 @@ if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
   # routes, emulated nodes): there UCX runs its async thread, and
   # LeakSanitizer's own tracer then segfaults at exit in about 1 run in 4 (no leak is reported; LSan
   # itself dies). Those tests still run under ASan and UBSan, without the exit-time leak scan.
+  # The sanitized legs run every suite on every route at 2 and 4 ranks; the 3-rank runs, 3 and uneven
+  # emulated nodes, rdma between emulated nodes and the accumulate-signal variant run in the default
+  # build only (the same code paths as the runs kept here; the ucx_thread runs are in the TSan leg).
+  skip='\.np3(\.|$)|vnodes3|vnodes_uneven|vnodes_rdma|\.acc\.'
+  no_leak_scan='\.(mpi|vnodes|vnodes3|vnodes_uneven|ucx|vnodes_mpi|vnodes3_mpi|vnodes_rdma|ucx_rdma|ucx_thread)$'
   ASAN_OPTIONS=detect_leaks=1:$asan \
-    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L "unit|mpi" -LE "multinode|install" -E '\.(mpi|vnodes|vnodes3|vnodes_uneven|ucx|vnodes_mpi|vnodes3_mpi|vnodes_rdma|ucx_rdma|ucx_thread)$' --timeout 900
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L "unit|mpi" -LE "multinode|install" \
+    -E "$no_leak_scan|$skip" --timeout 900
   ASAN_OPTIONS=detect_leaks=0:$asan \
-    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L mpi -LE multinode -R '\.(mpi|vnodes|vnodes3|vnodes_uneven|ucx|vnodes_mpi|vnodes3_mpi|vnodes_rdma|ucx_rdma|ucx_thread)$' --timeout 900
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L mpi -LE multinode -R "$no_leak_scan" -E "$skip" \
+    --timeout 900
+fi
+if [[ "${UBEP_TEST_SKIP_FUZZ:-0}" != 1 ]]; then
+  # libFuzzer (clang, its own tree build-fuzz): every fuzz target for 10 s on its seed corpus.
+  bash scripts/fuzz.sh 10
+fi
+
+if [[ "${UBEP_TEST_SKIP_TSAN:-0}" != 1 ]]; then
+  echo "== ThreadSanitizer build (build-tsan): the progress thread, UCX's worker lock, the bounded MPI calls"
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_TSAN=ON -DUBEP_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-tsan -j "$JOBS" --target rma_test signal_test issue10_test stall_test ubep-stress
+  echo "== tests (build-tsan)"
+  # Open MPI's memory patcher and UCX's memory hooks intercept munmap/madvise, also in a thread that TSan
+  # has already torn down (a segfault at thread exit): both off. tsan.supp says what else is not ours.
+  OMPI_MCA_memory=^patcher UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" \
+    ctest --test-dir build-tsan --output-on-failure -j "$JOBS" --timeout 600 \
+    -R '\.ucx_thread$|^stall_test\.|^rma_test\.np2\.thread\.mpi$|^soak\..*thread'
 fi
 echo "== all tests passed"
