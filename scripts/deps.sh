@@ -7,7 +7,7 @@ packages=(cmake ninja-build g++ pkg-config libopenmpi-dev openmpi-bin libhwloc-d
 if [[ "${UBEP_WITH_MPICH:-0}" == 1 ]]; then packages+=(libmpich-dev mpich); fi
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == *"install ok installed"* ]] || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "ubep: installing missing packages: ${missing[*]}" >&2

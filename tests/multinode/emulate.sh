@@ -244,7 +244,8 @@ chmod 755 "$TMP"
 
 mkns() {
   local out
-  if ip netns list | awk '{print $1}' | grep -qx -- "$1"; then
+  # grep reads a captured list: under pipefail, `ip netns list | ... | grep -q` fails when grep quits first.
+  if grep -qx -- "$1" <<<"$(ip netns list | awk '{print $1}')"; then
     die "namespace $1 already exists (another run with --prefix $PREFIX? tests/multinode/cleanup.sh removes leftovers)"
   fi
   out=$(run ip netns add "$1" 2>&1) || cannot "'ip netns add $1' failed: $out"
