@@ -295,6 +295,13 @@ void Bench::start(const std::vector<std::string>& notes, std::vector<Column> col
     const auto eq = kv.find('=');
     settings_json[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
   }
+  {
+    std::string where;
+    for (std::size_t r = 0; r < s.binding.cpus.size(); ++r)
+      where += (r ? ", rank " : "; rank ") + std::to_string(r) + " on CPU " + s.binding.cpus[r];
+    head.push_back("binding: " + s.binding.summary + where);
+  }
+  head.push_back("MPI thread level: " + s.mpi_thread);
   head.push_back("iterations: " + std::to_string(s.iterations) + " below " + std::to_string(s.large_size) + " B, " +
                  std::to_string(s.iterations_large) + " from " + std::to_string(s.large_size) +
                  " B; warm-up: " + std::to_string(s.warmup) + " / " + std::to_string(s.warmup_large) +
@@ -311,6 +318,9 @@ void Bench::start(const std::vector<std::string>& notes, std::vector<Column> col
   doc["routes"] = names;
   doc["ubep_routes"] = routes_json;
   doc["settings"] = settings_json;
+  doc["mpi_thread_level"] = s.mpi_thread;
+  doc["binding"] = {
+      {"mode", s.binding.mode}, {"by", s.binding.by}, {"summary", s.binding.summary}, {"cpus", s.binding.cpus}};
   doc["iterations"] = s.iterations;
   doc["iterations_large"] = s.iterations_large;
   doc["warmup"] = s.warmup;
@@ -449,9 +459,47 @@ std::unique_ptr<ubep::Context> other_context(const OtherRoute& other) {
 
 }  // namespace
 
+namespace {
+
+struct ThreadLevel {
+  const char* flag;
+  const char* name;
+  int value;
+};
+constexpr ThreadLevel kThreadLevels[] = {{"single", "MPI_THREAD_SINGLE", MPI_THREAD_SINGLE},
+                                         {"funneled", "MPI_THREAD_FUNNELED", MPI_THREAD_FUNNELED},
+                                         {"serialized", "MPI_THREAD_SERIALIZED", MPI_THREAD_SERIALIZED},
+                                         {"multiple", "MPI_THREAD_MULTIPLE", MPI_THREAD_MULTIPLE}};
+
+std::string thread_level_name(int level) {
+  for (const ThreadLevel& t : kThreadLevels) {
+    if (t.value == level) return t.name;
+  }
+  return "unknown";
+}
+
+/// The value of --mpi-thread, read before MPI_Init (CLI11 parses after it, and also checks the value).
+std::string thread_flag(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--mpi-thread" && i + 1 < argc) return argv[i + 1];
+    if (a.rfind("--mpi-thread=", 0) == 0) return a.substr(13);
+  }
+  return "auto";
+}
+
+}  // namespace
+
 int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<void(Bench&)>& body) {
+  // auto: the level OSU's benchmarks run at (MPI_Init: no thread support is asked for, so MPI takes no
+  // locks), unless ubep needs MPI_THREAD_MULTIPLE for UBEP_PROGRESS_THREAD.
+  std::string thread = thread_flag(argc, argv);
+  int requested = ubep::Options::from_env().progress_thread ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE;
+  for (const ThreadLevel& t : kThreadLevels) {
+    if (thread == t.flag) requested = t.value;
+  }
   int provided = 0;
-  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+  if (MPI_Init_thread(&argc, &argv, requested, &provided) != MPI_SUCCESS) {
     std::fprintf(stderr, "%s: MPI_Init_thread failed\n", spec.name.c_str());
     return 2;
   }
@@ -496,6 +544,17 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
                  "(mpi and ucx, one Context each) in this run; default: the default route only")
       ->capture_default_str()
       ->check(CLI::IsMember({"all", "default"}));
+  app.add_option("--mpi-thread", thread,
+                 "the thread level to initialize MPI with; auto: single (as OSU's MPI_Init: MPI takes no locks), or "
+                 "multiple with UBEP_PROGRESS_THREAD=1. Below multiple, ubep's MPI calls on the mpi route run inline, "
+                 "without their deadline (UBEP_MPI_BOUNDED needs MPI_THREAD_MULTIPLE)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "single", "funneled", "serialized", "multiple"}));
+  app.add_option("--bind", s.bind,
+                 "auto: when the ranks of a host arrive unbound and it has a core for each, bind each rank to its "
+                 "own core (the binding is printed in the header); none: run as launched")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none"}));
   app.add_flag("--csv", s.csv, "comma-separated rows (the '# ' header lines stay)");
   auto* json = app.add_option("--json", json_path,
                               "write JSON results to FILE; '--json' alone or '--json -' writes them to stdout "
@@ -511,6 +570,7 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
       s.iterations_large = std::min(spec.default_iterations_large, s.iterations);
     if (warm->count() && !warm_large->count()) s.warmup_large = std::min(spec.default_warmup_large, s.warmup);
     if (json->count()) s.json = json_path;
+    s.mpi_thread = thread_level_name(provided) + " (--mpi-thread " + thread + ")";
     s.all_routes = routes == "all";
   } catch (const CLI::ParseError& e) {
     const int rc = world_rank == 0 ? app.exit(e) : e.get_exit_code();
@@ -525,6 +585,7 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
 
   int rc = 0;
   try {
+    s.binding = bind_ranks(s.bind, MPI_COMM_WORLD);  // before the Context: its threads inherit the binding
     ubep::Context ctx(MPI_COMM_WORLD);
     const OtherRoute other = other_route(ctx, s.all_routes);
     std::unique_ptr<ubep::Context> second = other_context(other);

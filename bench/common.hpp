@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/binding.hpp"
 #include "ubep/context.hpp"
 
 namespace ubep::bench {
@@ -66,6 +67,11 @@ struct Settings {
   bool all_routes = true;
   /// Empty: no JSON. "-": JSON on stdout instead of the table. Otherwise a file name.
   std::optional<std::string> json;
+  /// --bind auto (default) or none, and what run_benchmark did with it (bind_ranks, before the Context).
+  std::string bind = "auto";
+  Binding binding;
+  /// The MPI thread level in force and the --mpi-thread that asked for it, for the header.
+  std::string mpi_thread;
 
   std::uint64_t iterations_for(std::size_t size) const { return size >= large_size ? iterations_large : iterations; }
   std::uint64_t warmup_for(std::size_t size) const { return size >= large_size ? warmup_large : warmup; }

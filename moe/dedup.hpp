@@ -174,7 +174,6 @@ struct Layer::Dedup {
   std::vector<std::uint8_t> slot_fwd;                      // [S x Q] forwarded, release not yet sent (in call order)
   std::map<std::uint64_t, std::vector<std::byte>> stages;  // staging copies for the network routes
   std::size_t hidden = 0;
-  std::vector<std::byte> row;  // one row of type R: scratch
 
   Dedup(Layer& layer, Context& c) : ly(layer), ctx(c), g(layer.config_, layer.node_, c.options().run_ahead) {
     me = ly.rank_;
@@ -222,7 +221,6 @@ struct Layer::Dedup {
     slot_released.assign(g.Q, 0);
     slot_fwd.assign(g.S * g.Q, 0);
     hidden = static_cast<std::size_t>(ly.config_.hidden);
-    row.resize(g.rb);
   }
 
   /// Whether source s writes straight to owner x (else through s's relay on x's node).
@@ -315,8 +313,9 @@ struct Layer::Dedup {
     return v.data();
   }
 
-  /// Writes a region on pe: straight through put on a load/store route, into a staging copy sent as one
-  /// put_signal_nbi on a network route.
+  /// Writes a region of `bytes` on pe: straight into pe's copy on a load/store route (mapped here through
+  /// ctx.ptr, one range check for the region), into a staging copy sent as one put_signal_nbi on a network
+  /// route. Either way `st` is where the region's bytes go.
   struct Out {
     Dedup& d;
     int pe;
@@ -326,20 +325,19 @@ struct Layer::Dedup {
     std::size_t extent = 0;
     Out(Dedup& dd, int p, std::byte* r, std::uint64_t key, std::size_t bytes)
         : d(dd), pe(p), remote(r), pk(dedup::packed(dd.ctx.route(p))) {
-      if (pk) st = d.stage(key, bytes, p);
+      if (pk) {
+        st = d.stage(key, bytes, p);
+      } else if (bytes) {
+        st = dd.ctx.ptr(r, bytes, p);
+      }
     }
     void write(std::size_t off, const void* src, std::size_t n) {
       if (n == 0) return;
-      if (pk) {
-        std::memcpy(st + off, src, n);
-      } else {
-        d.ctx.put(remote + off, src, n, pe);
-      }
+      std::memcpy(st + off, src, n);
       extent = std::max(extent, off + n);
     }
-    /// Where a row at `off` can be computed in place (staging), or null (compute, then write()).
+    /// Where a row at `off` can be computed in place.
     std::byte* direct(std::size_t off, std::size_t n) {
-      if (!pk) return nullptr;
       extent = std::max(extent, off + n);
       return st + off;
     }
@@ -497,12 +495,7 @@ struct Layer::Dedup {
       rows.clear();
       for (std::uint32_t i = j ? sl.rmap_end[j - 1] : 0; i < sl.rmap_end[j]; ++i)
         rows.push_back(cin + sl.rmap[i] * g.rb);
-      if (std::byte* d = out.direct(j * g.rb, g.rb)) {
-        node_row(rows, r_f32, hidden, d);
-      } else {
-        node_row(rows, r_f32, hidden, row.data());
-        out.write(j * g.rb, row.data(), g.rb);
-      }
+      node_row(rows, r_f32, hidden, out.direct(j * g.rb, g.rb));
     }
     ly.count(false, src, sl.n * g.rb);
     out.finish(g.C + z * g.P + me, dedup::tag(sl.call) | 1);
@@ -768,9 +761,9 @@ struct Layer::Dedup {
       const std::size_t at = (static_cast<std::size_t>(r) - s.dd_rec[src]) * g.rb;
       if (std::byte* st = s.dd_stage[src]) {
         partial_row(w, y, y_f32, hidden, r_f32, st + at);
-      } else {
-        partial_row(w, y, y_f32, hidden, r_f32, row.data());
-        ctx.put(rbuf.data() + s.dd_reply[3 * src + 1] + at, row.data(), g.rb, static_cast<int>(s.dd_reply[3 * src]));
+      } else {  // a load/store route: the row is computed straight into the source's buffer
+        partial_row(w, y, y_f32, hidden, r_f32,
+                    ctx.ptr(rbuf.data() + s.dd_reply[3 * src + 1] + at, g.rb, static_cast<int>(s.dd_reply[3 * src])));
       }
     }
     s.combined[local] = 1;

@@ -165,8 +165,6 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
   if (dedup_) return dedup_->send(h, tokens, scales);
   Impl& m = *impl_;
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
-  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
-  const bool scaled = config_.dtype == DType::e4m3;
   std::vector<std::uint64_t> header(2 * L);
   std::size_t staged = 0;
   for (int d : m.schedule) {
@@ -191,18 +189,16 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
       notify(ctx_, &m.dsig[(h.set * (L + 1) + row) * P + rank_], tag(h.call) | count, d);
     };
     const std::size_t header_bytes = 2 * static_cast<std::size_t>(local_d) * sizeof(std::uint64_t);
-    if (!packed(ctx_.route(d))) {
-      // Load/store: copy the header, then each expert's tokens straight into d's region, and signal
-      // each expert as soon as its tokens are in.
-      ctx_.put(region, header.data(), header_bytes, d);
-      std::byte* row = region + m.header;
+    if (std::byte* mapped = ctx_.ptr(region, m.region, d)) {
+      // Load/store (d's region is mapped here, one range check for all of it): the header, then each
+      // expert's tokens packed straight into d's region, and each expert signalled as soon as its tokens
+      // are in (the release store of the signal publishes the copies).
+      std::memcpy(mapped, header.data(), header_bytes);
+      std::byte* row = mapped + m.header;
       for (int le = 0; le < local_d; ++le) {
         const std::vector<int>& toks = h.batch_tokens[static_cast<std::size_t>(d) * L + le];
-        for (int t : toks) {
-          ctx_.put(row, tokens.data() + t * payload, payload, d);
-          if (scaled) ctx_.put(row + payload, &scales[t], 4, d);
-          row += token_bytes_;
-        }
+        pack(toks, row, tokens, scales);
+        row += toks.size() * token_bytes_;
         signal(le, toks.size());
       }
     } else {

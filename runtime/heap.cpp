@@ -51,7 +51,7 @@ std::optional<std::size_t> HeapAllocator::allocate(std::size_t bytes, std::size_
 bool HeapAllocator::release(std::size_t offset) {
   auto it = live_.find(offset);
   if (it == live_.end()) return false;
-  last_ = Block{0, 0};
+  recent_.fill(Block{0, 0});
   std::size_t start = it->first, size = slots(it->second);
   live_bytes_ -= it->second;
   reserved_bytes_ -= size;
@@ -75,14 +75,15 @@ bool HeapAllocator::release(std::size_t offset) {
   return true;
 }
 
-std::optional<HeapAllocator::Block> HeapAllocator::find(std::size_t offset) const {
-  if (offset - last_.offset < last_.size) return last_;
+std::optional<HeapAllocator::Block> HeapAllocator::find_slow(std::size_t offset) const {
   auto it = live_.upper_bound(offset);
   if (it == live_.begin()) return std::nullopt;
   --it;
   if (offset >= it->first + it->second) return std::nullopt;
-  last_ = Block{it->first, it->second};
-  return last_;
+  const Block found{it->first, it->second};
+  recent_[next_recent_] = found;
+  next_recent_ = (next_recent_ + 1) % kRecent;
+  return found;
 }
 
 }  // namespace ubep::detail

@@ -1,6 +1,7 @@
 // Signals: put_signal, signal_op and the waits. See DESIGN.md "Operations and their completion".
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <sstream>
 
 #include "base/mpi_check.hpp"
@@ -31,6 +32,17 @@ AtomicOp atomic_of(SignalOp op) { return op == SignalOp::set ? AtomicOp::set : A
 
 std::uint64_t load(const std::uint64_t* sig) {
   return std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(sig)).load(std::memory_order_acquire);
+}
+
+/// The signal update of the load/store path (LoadStoreTransport::post_atomic, inline): a release store or
+/// add, so whoever acquires the new value sees the data this rank stored before.
+void store_signal(char* mapped, std::size_t offset, SignalOp op, std::uint64_t value) {
+  std::atomic_ref<std::uint64_t> w(*reinterpret_cast<std::uint64_t*>(mapped + offset));
+  if (op == SignalOp::set) {
+    w.store(value, std::memory_order_release);
+  } else {
+    w.fetch_add(value, std::memory_order_release);
+  }
 }
 }  // namespace
 
@@ -130,11 +142,17 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
   s.fail(Errc::timeout, call, msg.str());
 }
 
-std::vector<std::size_t> satisfied(std::span<const std::uint64_t> sigs, Cmp cmp, const Targets& t) {
-  std::vector<std::size_t> out;
+/// The indices of the signals whose condition holds, into `out` (cleared first: a wait polls with one
+/// vector, allocating nothing after its first poll).
+void satisfied(std::span<const std::uint64_t> sigs, Cmp cmp, const Targets& t, std::vector<std::size_t>& out) {
+  out.clear();
   for (std::size_t i = 0; i < sigs.size(); ++i) {
     if (!t.ignored(i) && compare(load(&sigs[i]), cmp, t.at(i))) out.push_back(i);
   }
+}
+std::vector<std::size_t> satisfied(std::span<const std::uint64_t> sigs, Cmp cmp, const Targets& t) {
+  std::vector<std::size_t> out;
+  satisfied(sigs, cmp, t, out);
   return out;
 }
 
@@ -144,7 +162,7 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
   check_signals(s, call, sigs, t, opts);
   const std::size_t awaited = t.awaited(sigs.size());
   const auto ready = [&](std::vector<std::size_t>& out) {
-    out = satisfied(sigs, cmp, t);
+    satisfied(sigs, cmp, t, out);
     return mode == Mode::all ? out.size() == awaited : !out.empty();
   };
   std::vector<std::size_t> out;
@@ -191,6 +209,11 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
   s.check_pe("put_signal", pe);
   const std::size_t off = bytes ? s.check_range("put_signal", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal", sig);
+  if (char* m = s.mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
+    if (bytes) std::memcpy(m + off, src, bytes);
+    detail::store_signal(m, soff, op, value);
+    return;
+  }
   detail::Transport& data = s.data_route(pe);
   detail::Transport& at = s.atomics_of(pe);
   if (&data == &at && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe, true)) return;
@@ -208,6 +231,11 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
   s.check_pe("put_signal_nbi", pe);
   const std::size_t off = bytes ? s.check_range("put_signal_nbi", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal_nbi", sig);
+  if (char* m = s.mapped_signals[pe]) {  // as put_signal: complete on return
+    if (bytes) std::memcpy(m + off, src, bytes);
+    detail::store_signal(m, soff, op, value);
+    return;
+  }
   detail::Transport& data = s.data_route(pe);
   detail::Transport& at = s.atomics_of(pe);
   if (&data == &at && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe, false)) {
@@ -226,6 +254,10 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_alive("signal_op");
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
+  if (char* m = s.mapped_signals[pe]; m != nullptr && !s.ucx) {  // with UCX, ucx-route puts are ordered first
+    detail::store_signal(m, soff, op, value);
+    return;
+  }
   detail::Transport& at = s.atomics_of(pe);
   // Ordered after this rank's puts to every peer: UCX orders only the stream to one peer, so the data
   // still in flight to the other ucx peers is flushed first (one round trip for all of them).

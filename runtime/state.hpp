@@ -104,12 +104,29 @@ class State {
            "target rank " + std::to_string(pe) + " is out of range [0, " + std::to_string(size) + ")");
     }
   }
-  /// Validates a symmetric range [addr, addr + bytes) and returns its heap offset.
-  std::size_t check_range(const char* call, const void* addr, std::size_t bytes) const;
-  std::size_t check_word(const char* call, const void* addr) const;
+  /// Validates a symmetric range [addr, addr + bytes) and returns its heap offset: inside the heap and
+  /// inside one live object. A few compares when the object is one of the last the heap looked up (see
+  /// HeapAllocator::recent), else check_range_slow, which also says what is wrong.
+  std::size_t check_range(const char* call, const void* addr, std::size_t bytes) const {
+    const std::size_t off = reinterpret_cast<std::uintptr_t>(addr) - reinterpret_cast<std::uintptr_t>(base);
+    const HeapAllocator::Block* b = heap.recent(off);  // off wraps for addresses below the heap: no block
+    if (b != nullptr && bytes <= b->offset + b->size - off) return off;
+    return check_range_slow(call, addr, bytes);
+  }
+  std::size_t check_range_slow(const char* call, const void* addr, std::size_t bytes) const;
+  std::size_t check_word(const char* call, const void* addr) const {
+    if (reinterpret_cast<std::uintptr_t>(addr) % 8 != 0) fail_misaligned(call, addr);
+    return check_range(call, addr, 8);
+  }
+  [[noreturn]] void fail_misaligned(const char* call, const void* addr) const;
   /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
   std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family);
   Transport& data_route(int pe) const { return *transport_of[pe]; }
+  /// Per peer: its mapped heap when its route is self or shm (a put is a memcpy there), else null.
+  std::vector<char*> mapped;
+  /// Per peer: its mapped heap when its signals and atomics are load/store too, else null: put_signal and
+  /// signal_op to it are a copy and one release store or add (the fast path of signals.cpp).
+  std::vector<char*> mapped_signals;
 
   // ---- progress and completion ----
   /// Issues the deferred signals (after one flush per peer with data in flight); free when there are none.

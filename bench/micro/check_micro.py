@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Smoke check of one ubep_micro_bench run: the shape of its Google Benchmark JSON, never its speed.
 
-Usage: check_micro.py FILE [-- ./ubep_micro_bench --benchmark_min_time=0.01 --benchmark_out=FILE
+Usage: check_micro.py [--families P,...] FILE [-- ./ubep_micro_bench --benchmark_min_time=0.01 --benchmark_out=FILE
                                  --benchmark_out_format=json]
 
 With a command, removes FILE, runs the command and requires exit status 0; then (with or without a
 command) fails (exit 1) unless FILE
   - exists and parses as JSON, with a non-empty `benchmarks` list;
   - has at least one entry of every family, by name prefix: pack/, regroup/, reduce/, convert/,
-    schedule/, heap/;
+    schedule/, heap/ (or those given with --families, e.g. calls/,dispatch_copy/ for ubep_micro_calls);
   - has in every entry a name, a positive finite real_time, a positive iteration count, and no
     error_occurred.
 """
@@ -27,7 +27,7 @@ def fail(msg):
     sys.exit(1)
 
 
-def check(doc):
+def check(doc, families=FAMILIES):
     benchmarks = doc.get("benchmarks") if isinstance(doc, dict) else None
     if not isinstance(benchmarks, list) or not benchmarks:
         fail("the JSON has no non-empty 'benchmarks' list")
@@ -43,7 +43,7 @@ def check(doc):
         if not b.get("iterations", 0) > 0:
             fail(f"{name}: no iterations")
     names = [b["name"] for b in benchmarks]
-    missing = [f for f in FAMILIES if not any(n.startswith(f) for n in names)]
+    missing = [f for f in families if not any(n.startswith(f) for n in names)]
     if missing:
         fail(f"no benchmark of the families {missing}")
     return names
@@ -52,6 +52,7 @@ def check(doc):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("json", help="the --benchmark_out file")
+    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated name prefixes, each required")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -66,8 +67,9 @@ def main():
             doc = json.load(f)
     except (OSError, ValueError) as e:
         fail(f"cannot read {args.json}: {e}")
-    names = check(doc)
-    print(f"check_micro: OK: {len(names)} benchmarks in {len(FAMILIES)} families ({args.json})")
+    families = tuple(f for f in args.families.split(",") if f)
+    names = check(doc, families)
+    print(f"check_micro: OK: {len(names)} benchmarks in {len(families)} families ({args.json})")
 
 
 if __name__ == "__main__":

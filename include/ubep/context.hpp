@@ -232,6 +232,27 @@ class Context {
   /// ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
   void get_nbi(void* dest, const void* src, std::size_t bytes, int pe);
 
+  /// Where this rank can load and store `bytes` of symmetric `dest` on `pe` directly (OpenSHMEM's
+  /// shmem_ptr): pe's copy mapped into this process when route(pe) is self or shm, null otherwise (mpi,
+  /// ucx: use put and get). The range is checked like a put's (in the heap, inside one live object), once,
+  /// so a loop that copies many pieces into one object pays one check instead of one per put. A store
+  /// through the pointer is a put that is complete when the store is: pe sees it once it has synchronized
+  /// with this rank, e.g. by waiting for a later put_signal or signal_op of this rank to pe (release and
+  /// acquire, as for put). Atomics on such a word go through ubep (atomic_*), not through the pointer, when
+  /// atomics_through_mpi() is true. The pointer is valid until the object is freed.
+  /// @note Local completion: on return (nothing is transferred). Remote completion: none (stores through
+  /// the pointer are complete when they are). Blocks: no. Communicates: no.
+  void* ptr(const void* dest, std::size_t bytes, int pe);
+  /// ptr() for `count` elements of T.
+  /// @note As ptr(const void*, std::size_t, int): Local completion: on return. Remote completion: none.
+  /// Blocks: no. Communicates: no.
+  template <class T>
+  T* ptr(T* dest, std::size_t count, int pe) {
+    const std::size_t bytes =
+        count > ~std::size_t{0} / sizeof(T) ? ~std::size_t{0} : count * sizeof(T);  // out of range
+    return static_cast<T*>(ptr(static_cast<const void*>(dest), bytes, pe));
+  }
+
   /// put() of a span.
   /// @note As put(void*, const void*, std::size_t, int): Local completion: on return. Remote completion:
   /// self/shm on return; mpi at the next quiet() or flush(pe). Blocks: mpi only, at most UBEP_WAIT_TIMEOUT.

@@ -322,6 +322,86 @@ TEST(Rma, BadInputIsReportedWithRankCallAndValue) {
   expect_error(Errc::finalized, [&] { (void)ctx.alloc<int>(1); }, {"alloc"});
 }
 
+// ptr(): a node peer's object mapped here (self, shm), null on the network routes; stores through it are
+// puts that a later signal publishes. Every rank writes a row of every peer's `rows` (through ptr where it
+// can, else put), signals, and every rank checks all rows.
+TEST(Rma, PtrMapsNodePeersAndStoresArePublishedBySignals) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int n = ctx.size(), me = ctx.rank();
+  constexpr std::size_t kRow = 100;  // 800 bytes: neither a cache line nor a page
+  auto rows = ctx.alloc<std::uint64_t>(kRow * static_cast<std::size_t>(n));
+  auto sig = ctx.alloc_signals(1);
+  for (int round = 1; round <= 20; ++round) {
+    int mapped = 0;
+    for (int pe = 0; pe < n; ++pe) {
+      std::uint64_t* row = rows.data() + kRow * static_cast<std::size_t>(me);
+      std::uint64_t* there = ctx.ptr(row, kRow, pe);
+      const Route r = ctx.route(pe);
+      EXPECT_EQ(there != nullptr, r == Route::self || r == Route::shm) << "pe " << pe << " route " << to_string(r);
+      std::vector<std::uint64_t> v(kRow);
+      for (std::size_t i = 0; i < kRow; ++i) v[i] = (static_cast<std::uint64_t>(round) << 40) | (me << 20) | i;
+      if (there) {
+        std::copy(v.begin(), v.end(), there);  // plain stores into pe's copy
+        ++mapped;
+      } else {
+        ctx.put(row, v.data(), kRow * 8, pe);
+      }
+      ctx.signal_op(sig.data(), 1, SignalOp::add, pe);  // ordered after the stores and the put
+    }
+    if (ctx.route(me) == Route::self) EXPECT_GE(mapped, 1);  // self, at least (UBEP_TRANSPORTS=mpi: none)
+    ctx.wait_until(sig.data(), Cmp::ge, static_cast<std::uint64_t>(round) * n);
+    for (int w = 0; w < n; ++w) {
+      for (std::size_t i = 0; i < kRow; ++i) {
+        const std::uint64_t want = (static_cast<std::uint64_t>(round) << 40) | (w << 20) | i;
+        ASSERT_EQ(rows[kRow * w + i], want) << "round " << round << ", row of rank " << w << ", word " << i;
+      }
+    }
+    ctx.barrier();  // nobody overwrites a row before every rank has checked it
+  }
+  // Checked like a put: the rank, the call and the bad value; nothing is lost.
+  const std::string who = "rank " + std::to_string(me);
+  std::uint64_t local = 0;
+  expect_error(Errc::out_of_range, [&] { (void)ctx.ptr(rows.data(), 1, n); }, {who, "ptr", "target rank"});
+  expect_error(Errc::out_of_range, [&] { (void)ctx.ptr(rows.data() + kRow * n - 1, 2, me); },
+               {who, "ptr", "runs past the end of its object"});
+  expect_error(Errc::out_of_range, [&] { (void)ctx.ptr(rows.data(), std::size_t{1} << 61, me); }, {"ptr"});
+  expect_error(Errc::not_symmetric, [&] { (void)ctx.ptr(&local, 1, me); }, {"ptr", "not in the symmetric heap"});
+  rows.free();
+  sig.free();
+  ctx.finalize();
+  expect_error(Errc::finalized, [&] { (void)ctx.ptr(&local, 1, 0); }, {"ptr", "finalized"});
+}
+
+// The bounds check remembers the objects it saw last; a freed object must not stay valid in that memory,
+// nor may a smaller object allocated in its place inherit its size.
+TEST(Rma, FreedObjectsAreRejectedAfterRecentUse) {
+  Context ctx(MPI_COMM_WORLD, small_heap());
+  const int me = ctx.rank(), peer = (me + 1) % ctx.size();
+  std::uint64_t local[8] = {};
+  auto keep = ctx.alloc<std::uint64_t>(8);
+  auto big = ctx.alloc<std::uint64_t>(64);
+  std::uint64_t* old = big.data();
+  for (int i = 0; i < 3; ++i) {  // both objects in the check's memory
+    ctx.put(old, local, sizeof local, peer);
+    ctx.put(keep.data(), local, sizeof local, peer);
+    ctx.get(local, old + 56, sizeof local, peer);
+  }
+  ctx.quiet();
+  big.free();  // collective: every rank forgets it
+  expect_error(Errc::out_of_range, [&] { ctx.put(old, local, 8, peer); },
+               {"put", "not inside a live symmetric object"});
+  expect_error(Errc::out_of_range, [&] { ctx.get(local, old + 56, 8, peer); }, {"get", "not inside a live"});
+  auto small = ctx.alloc<std::uint64_t>(2);  // best fit: the first free slot, where `big` began
+  ASSERT_EQ(small.data(), old);
+  ctx.put(small.data(), local, 16, peer);
+  expect_error(Errc::out_of_range, [&] { ctx.put(small.data(), local, 24, peer); }, {"put", "runs past the end"});
+  expect_error(Errc::out_of_range, [&] { ctx.put(old + 56, local, 8, peer); }, {"put", "not inside a live"});
+  ctx.quiet();
+  small.free();
+  keep.free();
+  ctx.finalize();
+}
+
 TEST(Rma, MismatchedCollectivesAreDetected) {
   Context ctx(MPI_COMM_WORLD, small_heap());
   // Different sizes on different ranks.

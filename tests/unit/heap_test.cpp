@@ -129,3 +129,31 @@ TEST(HeapAllocator, LargeAlignmentPadsBackIntoTheFreeList) {
   EXPECT_EQ(heap.allocate(8, 64), 64u);
   EXPECT_EQ(heap.bytes_reserved(), 4 * kSlot);  // 8 -> 1 slot, 100 -> 2, 8 -> 1
 }
+
+// find() answers from the blocks it looked up last when it can; a release must never leave a freed block
+// there, and a block allocated in its place must be seen with its own size.
+TEST(HeapAllocator, RecentLookupsForgetReleasedBlocks) {
+  HeapAllocator heap(0, 1 << 20);
+  std::vector<std::size_t> offs;
+  for (std::size_t i = 0; i < 8; ++i) offs.push_back(*heap.allocate(100 + i, kSlot));
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::size_t i = 0; i < offs.size(); ++i) {
+      const auto b = heap.find(offs[i] + 99);
+      ASSERT_TRUE(b.has_value());
+      EXPECT_EQ(b->offset, offs[i]);
+      EXPECT_EQ(b->size, 100 + i);
+      ASSERT_NE(heap.recent(offs[i]), nullptr);  // the lookup just made
+      EXPECT_EQ(heap.recent(offs[i])->offset, offs[i]);
+    }
+  }
+  ASSERT_TRUE(heap.release(offs[7]));
+  EXPECT_EQ(heap.recent(offs[7]), nullptr);
+  EXPECT_FALSE(heap.find(offs[7]).has_value());
+  const auto again = heap.allocate(10, kSlot);
+  ASSERT_TRUE(again.has_value());
+  const auto b = heap.find(*again);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->size, 10u);
+  EXPECT_FALSE(heap.find(*again + 10).has_value());                       // not the old block's size
+  EXPECT_EQ(heap.recent(offs[0] + 1 + (std::size_t{1} << 40)), nullptr);  // far outside: no block
+}
