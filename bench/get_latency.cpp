@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
              "  MPI:        MPI_Get(dst, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an MPI_Win_allocate "
              "window (OSU)",
              "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
+             "OSU: MPI is osu_get_latency -w allocate -s flush, MPI_create osu_get_latency -w create -s flush",
              "latency in microseconds per iteration; ratio = ubep / MPI, ubep/create = ubep / MPI_create"},
             columns, ratios);
 

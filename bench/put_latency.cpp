@@ -23,13 +23,16 @@ int main(int argc, char** argv) {
     columns.push_back({"MPI(us)", "mpi_rma", "mpi", "latency_us"});
     columns.push_back({"MPI_create(us)", "mpi_rma_create", "mpi", "latency_us"});
     std::vector<Ratio> ratios = b.ubep_ratios(columns, {{"ratio", 0, mpi}, {"ubep/create", 0, mpi + 1}});
-    b.start({"rank 0 puts `Size` bytes to rank 1 and waits for remote completion, every iteration:",
-             "  ubep:       ctx.put(dst, src, Size, 1); ctx.quiet()",
-             "  MPI:        MPI_Put(src, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an MPI_Win_allocate "
-             "window (OSU)",
-             "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
-             "latency in microseconds per iteration; ratio = ubep / MPI, ubep/create = ubep / MPI_create"},
-            columns, ratios);
+    b.start(
+        {"rank 0 puts `Size` bytes to rank 1 and waits for remote completion, every iteration:",
+         "  ubep:       ctx.put(dst, src, Size, 1); ctx.quiet()",
+         "  MPI:        MPI_Put(src, Size, MPI_BYTE, 1, 0, ...); MPI_Win_flush(1, win) on an MPI_Win_allocate "
+         "window (OSU)",
+         "  MPI_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
+         "OSU: MPI is osu_put_latency -w allocate -s flush, MPI_create osu_put_latency -w create -s flush (one-way, "
+         "no halving; docs/BENCHMARKS.md says how close they agree)",
+         "latency in microseconds per iteration; ratio = ubep / MPI, ubep/create = ubep / MPI_create"},
+        columns, ratios);
 
     std::uint32_t seed = 0;
     for (const std::size_t size : s.sizes()) {

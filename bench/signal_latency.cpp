@@ -234,22 +234,24 @@ int main(int argc, char** argv) {
                                                         {"ubep/create", 0, base + 2},
                                                         {"ubep/raw", 0, base + 3}});
 
-    b.start({"one-way latency = half the median round trip of a ping-pong between ranks 0 and 1, in microseconds:",
-             "  ubep:           ctx.put_signal(payload, src, Size, sig, epoch, SignalOp::set, peer); "
-             "ctx.wait_until(sig, Cmp::ge, epoch)",
-             "  mpi_sendrecv:   MPI_Send / MPI_Recv",
-             "  mpi_rma:        MPI_Put; MPI_Win_flush; MPI_Accumulate(epoch, MPI_REPLACE) on the signal word; "
-             "MPI_Win_flush; the target polls its signal word (atomic load + MPI_Win_sync, MPI_Iprobe every 32 "
-             "polls while spinning, every poll once yielding); MPI_Win_allocate window",
-             "  mpi_rma_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route)",
-             std::string("  raw_shm:        memcpy into the peer's MPI_Win_allocate_shared segment + release store of "
-                         "a flag (the floor)") +
-                 (shared ? "" : "; n/a: the ranks do not share a node"),
-             "the signal value is an epoch (the iteration number, never reset); waits compare with >=",
-             "goal (reported, not asserted): ubep on the shm route within 1.3x of raw_shm at 8 B, and below "
-             "mpi_sendrecv at every size; across nodes (issue 12) at most 1.1x mpi_sendrecv at 8 B and 1.0x at "
-             "64 KiB and 1 MiB"},
-            columns, ratios);
+    b.start(
+        {"one-way latency = half the median round trip of a ping-pong between ranks 0 and 1, in microseconds:",
+         "  ubep:           ctx.put_signal(payload, src, Size, sig, epoch, SignalOp::set, peer); "
+         "ctx.wait_until(sig, Cmp::ge, epoch)",
+         "  mpi_sendrecv:   MPI_Send / MPI_Recv (OSU: osu_latency)",
+         "  mpi_rma:        MPI_Put; MPI_Win_flush; MPI_Accumulate(epoch, MPI_REPLACE) on the signal word; "
+         "MPI_Win_flush; the target polls its signal word (atomic load + MPI_Win_sync, MPI_Iprobe every 32 "
+         "polls while spinning, every poll once yielding); MPI_Win_allocate window",
+         "  mpi_rma_create: the same on an MPI_Win_create window (the window kind of ubep's mpi route); mpi_rma and "
+         "mpi_rma_create have no OSU counterpart (osu_put_latency times the put + flush half of them)",
+         std::string("  raw_shm:        memcpy into the peer's MPI_Win_allocate_shared segment + release store of "
+                     "a flag (the floor)") +
+             (shared ? "" : "; n/a: the ranks do not share a node"),
+         "the signal value is an epoch (the iteration number, never reset); waits compare with >=",
+         "goal (reported, not asserted): ubep on the shm route within 1.3x of raw_shm at 8 B, and below "
+         "mpi_sendrecv at every size; across nodes (issue 12) at most 1.1x mpi_sendrecv at 8 B and 1.0x at "
+         "64 KiB and 1 MiB"},
+        columns, ratios);
 
     // One epoch counter per implementation, never reset: each signal word only ever grows.
     std::vector<std::uint64_t> epochs(impls.size(), 0);
