@@ -119,6 +119,7 @@ PollPolicy PollPolicy::parse(const std::string& text) {
 }
 
 std::vector<std::string> Options::default_transports() {
+  if (UBEP_SIMGRID) return {"self", "mpi"};  // every byte between ranks crosses the simulated network
   if (UBEP_HAVE_UCX) return {"self", "shm", "ucx", "mpi"};
   return {"self", "shm", "mpi"};
 }
@@ -163,8 +164,11 @@ Options Options::from_env() {
   }
   if (const char* v = env("UBEP_MPI_SIGNAL")) {
     const std::string t = trim(v);
-    if (t != "put" && t != "accumulate") bad("UBEP_MPI_SIGNAL", v, "expected put or accumulate");
+    if (t != "put" && t != "accumulate" && t != "message") {
+      bad("UBEP_MPI_SIGNAL", v, "expected put, accumulate or message");
+    }
     o.mpi_signal_put = t == "put";
+    o.mpi_signal_message = t == "message";
   }
   if (const char* v = env("UBEP_UCX_MODE")) {
     o.ucx_mode = trim(v);
@@ -203,7 +207,9 @@ std::vector<std::string> Options::describe() const {
   out.push_back("UBEP_TOPOLOGY_FILE=" + topology_file);
   out.push_back(std::string("UBEP_TOPOLOGY_PROBE=") + (topology_probe ? "1" : "0"));
   out.push_back("UBEP_RUN_AHEAD=" + std::to_string(run_ahead));
-  out.push_back(std::string("UBEP_MPI_SIGNAL=") + (mpi_signal_put ? "put" : "accumulate"));
+  out.push_back(std::string("UBEP_MPI_SIGNAL=") + (mpi_signal_message ? "message"
+                                                   : mpi_signal_put   ? "put"
+                                                                      : "accumulate"));
   out.push_back("UBEP_MPI_BOUNDED=" + mpi_bounded);
   out.push_back("UBEP_UCX_MODE=" + ucx_mode);
   return out;

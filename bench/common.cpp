@@ -213,9 +213,9 @@ std::vector<double> Bench::time(std::size_t size, const std::vector<Loop>& loops
     const std::uint64_t n = iterations / batches + (b < iterations % batches ? 1 : 0);
     for (std::size_t i = 0; i < loops.size(); ++i) {
       barrier();
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       loops[i](n);
-      const auto t1 = std::chrono::steady_clock::now();
+      const auto t1 = Clock::now();
       per_iteration[i].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / static_cast<double>(n));
     }
   }

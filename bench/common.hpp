@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,9 +29,25 @@
 #include <vector>
 
 #include "bench/binding.hpp"
+#include "ubep/config.hpp"
 #include "ubep/context.hpp"
 
 namespace ubep::bench {
+
+/// The benchmarks' clock: steady_clock, and in SimGrid builds the simulated time (MPI_Wtime), which is
+/// what a simulated run measures.
+#if UBEP_SIMGRID
+struct Clock {
+  using rep = double;
+  using period = std::ratio<1>;
+  using duration = std::chrono::duration<double>;
+  using time_point = std::chrono::time_point<Clock, duration>;
+  static constexpr bool is_steady = true;
+  static time_point now() noexcept { return time_point(duration(MPI_Wtime())); }
+};
+#else
+using Clock = std::chrono::steady_clock;
+#endif
 
 /// Throws ubep::Error(Errc::mpi) ("ubep: rank R: baseline: <call> failed: <MPI's error string>", see
 /// ubep::throw_mpi_error) when an MPI call of a baseline fails.

@@ -117,6 +117,7 @@ State::~State() { stop_progress_thread(); }
 void State::teardown() noexcept {
   stop_progress_thread();
   ucx.reset();  // local: every rank quiesced before the agreement of finalize()
+  if (mpi) mpi->close();
   if (world_win != MPI_WIN_NULL) {
     MPI_Win_unlock_all(world_win);
     MPI_Win_free(&world_win);
@@ -125,7 +126,7 @@ void State::teardown() noexcept {
     MPI_Win_unlock_all(node_win);
     MPI_Win_free(&node_win);
   }
-  for (MPI_Comm* c : {&progress_comm, &node_comm, &comm}) {
+  for (MPI_Comm* c : {&progress_comm, &signal_comm, &node_comm, &comm}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
   base = nullptr;
@@ -247,11 +248,15 @@ void build(State& s, MPI_Comm user_comm) {
   // Settings that change collective behaviour must agree too: a topology file on some ranks only is a
   // broadcast that the others never join; a progress thread is a communicator dup; the probe is a
   // ping-pong; signal kinds would mix protocols on one word. Unset or unreadable file: 0 / -1.
-  s.collective(call, detail::CollKind::create,
-               {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0,
-                s.options.progress_thread ? 1 : 0, s.options.mpi_signal_put ? 1 : 0, hash_text(s.options.ucx_mode)},
-               {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
-                "UBEP_MPI_SIGNAL=put", "hash(UBEP_UCX_MODE)"});
+  s.collective(
+      call, detail::CollKind::create,
+      {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0, s.options.progress_thread ? 1 : 0,
+       s.options.mpi_signal_message ? 2
+       : s.options.mpi_signal_put   ? 1
+                                    : 0,
+       hash_text(s.options.ucx_mode)},
+      {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
+       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)"});
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
   MPI_Comm shared = MPI_COMM_NULL;
@@ -317,6 +322,12 @@ void build(State& s, MPI_Comm user_comm) {
     s.fail(Errc::unsupported, call,
            "UBEP_TRANSPORTS=" + transports + " names ucx, but this build has no UCX (apt-get install libucx-dev)");
   }
+  if (UBEP_SIMGRID && (shm_ok || s.options.progress_thread)) {
+    s.fail(Errc::unsupported, call,
+           std::string("this is a SimGrid build, which simulates MPI only: ") +
+               (shm_ok ? "UBEP_TRANSPORTS=" + transports + " names shm (use self,mpi)"
+                       : std::string("UBEP_PROGRESS_THREAD=1 (a simulated rank has no threads)")));
+  }
   s.routes.assign(s.size, Route::mpi);
   bool need_mpi = false, need_ucx = false;
   for (int pe = 0; pe < s.size; ++pe) {
@@ -370,11 +381,14 @@ void build(State& s, MPI_Comm user_comm) {
     for (int pe = 0; pe < s.size; ++pe) {
       if (pe != s.rank && s.routes[pe] == Route::mpi) off_host[pe] = 1;
     }
-    // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE.
+    if (s.options.mpi_signal_message) UBEP_MPI_CHECK(s.rank, call, MPI_Comm_dup(s.comm, &s.signal_comm));
+    // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE (and
+    // threads that call MPI, which SimGrid's simulated ranks cannot have).
     s.mpi = std::make_unique<detail::MpiRmaTransport>(
         s.world_win, s.rank, s.size, s.options.mpi_signal_put,
-        s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off", s.options.mpi_bounded == "all",
-        std::move(off_host), s.options.wait_timeout, s.options.poll);
+        !UBEP_SIMGRID && s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off",
+        s.options.mpi_bounded == "all", std::move(off_host), s.options.wait_timeout, s.options.poll, s.signal_comm,
+        s.base);
   }
   s.uses_mpi = need_mpi;
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
@@ -552,6 +566,9 @@ void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t
     if (off) s.release(*off);
     throw;
   }
+  // Signal messages (UBEP_MPI_SIGNAL=message) land when applied here, not at the sender's quiet(): the
+  // ones sent before the collective are applied now, so none changes a word of the new object later.
+  s.apply_sent_signal_messages("alloc");
   if (bytes == 0) return nullptr;
   if (!off) {
     // What the live objects hold (whole slots) plus this request; when that fits in the heap already, the
@@ -584,6 +601,7 @@ void Context::barrier() {
   state_->check_alive("barrier");
   state_->quiet();
   state_->collective("barrier", detail::CollKind::barrier, {});
+  state_->apply_sent_signal_messages("barrier");
 }
 
 void Context::agree(const char* what, std::initializer_list<std::int64_t> values,

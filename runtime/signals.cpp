@@ -62,6 +62,28 @@ void State::progress() {
   if (mpi) mpi->progress(comm);
 }
 
+void State::apply_sent_signal_messages(const char* call) {
+  if (!mpi || !mpi->signal_messages()) return;
+  const std::vector<std::uint64_t>& sent = mpi->messages_sent();
+  std::uint64_t expected = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  UBEP_MPI_CHECK(rank, call,
+                 MPI_Ireduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, signal_comm, &req));
+  wait_request(call, req, "the count of signal messages sent to each rank");
+  const auto start = std::chrono::steady_clock::now();
+  Backoff backoff(options.poll);
+  while (mpi->messages_applied() < expected) {
+    if (mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
+    backoff.pause();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (options.wait_timeout.count() > 0 && waited > options.wait_timeout.count()) {
+      fail(Errc::timeout, call,
+           "waited " + std::to_string(waited) + " s for signal messages the peers sent before the barrier: " +
+               std::to_string(mpi->messages_applied()) + " of " + std::to_string(expected) + " applied");
+    }
+  }
+}
+
 void State::quiet() {
   flush_pending_signals();
   load_store->flush_all();
@@ -182,11 +204,16 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
   const double timeout = (opts.timeout ? *opts.timeout : s.options.wait_timeout).count();
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff(s.options.poll);
+  const bool messages = s.mpi && s.mpi->signal_messages();
   for (;;) {
     if (ready(out)) {
       if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
       return out;
     }
+    // Signals as messages: each one applied may be what this wait needs. In SimGrid builds the rank
+    // blocks until one arrives (a poll would never yield to the simulation; SimGrid reports a deadlock
+    // when every rank blocks): no deadline there.
+    if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
     if (s.ucx) s.ucx->poll();  // the peers' messages land only while this rank progresses its worker
     if (backoff.pause() && s.mpi) s.mpi->progress(s.comm);
     if (timeout > 0 && (backoff.polls() & 15) == 0) {

@@ -39,6 +39,7 @@ class State {
   MPI_Comm comm = MPI_COMM_NULL;       // dup of the user's communicator, MPI_ERRORS_RETURN
   MPI_Comm node_comm = MPI_COMM_NULL;  // ranks on this (real or emulated) node
   MPI_Comm progress_comm = MPI_COMM_NULL;
+  MPI_Comm signal_comm = MPI_COMM_NULL;  // UBEP_MPI_SIGNAL=message: the signal messages of the mpi route
   int rank = 0, size = 1;
   int node_id = 0;
   std::vector<int> node_ranks;  // world ranks on this node, in node order
@@ -136,6 +137,9 @@ class State {
   void issue_pending_signals();
   void progress();
   void quiet();
+  /// UBEP_MPI_SIGNAL=message, in barrier(): applies every signal message the peers sent before their
+  /// barrier (one reduce-scatter of the counts sent, then receives until they are all applied). Else nothing.
+  void apply_sent_signal_messages(const char* call);
 
   /// Agrees with every rank on (kind, seq, args); throws collective_mismatch (on every rank) when they
   /// differ, timeout when not every rank joins before the deadline.

@@ -11,12 +11,15 @@
 #   5. the libFuzzer targets (scripts/fuzz.sh: clang, build-fuzz), 10 s each
 #   6. a ThreadSanitizer build in its own tree (build-tsan): the tests that run a second thread (progress
 #      thread on the ucx and mpi routes, bounded MPI calls, a soak run with the progress thread)
+#   7. a SimGrid build in its own tree (build-sim, UBEP_SIMGRID=ON): the RMA, signal and MoE suites at 8 and
+#      32 simulated ranks and ubep_moe_bench at 64 under smpirun (label sim)
 # Environment: UBEP_TEST_SKIP_MPICH=1 skips step 3, UBEP_TEST_SKIP_ASAN=1 step 4, UBEP_TEST_SKIP_FUZZ=1 step 5,
-# UBEP_TEST_SKIP_TSAN=1 step 6; UBEP_BUILD_DIR (default build) names the default tree.
+# UBEP_TEST_SKIP_TSAN=1 step 6, UBEP_TEST_SKIP_SIM=1 step 7; UBEP_BUILD_DIR (default build) names the default tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 if [[ "${UBEP_TEST_SKIP_MPICH:-0}" != 1 ]]; then export UBEP_WITH_MPICH=1; fi
+if [[ "${UBEP_TEST_SKIP_SIM:-0}" != 1 ]]; then export UBEP_WITH_SIMGRID=1; fi
 bash scripts/deps.sh
 
 echo "== format check"
@@ -86,5 +89,12 @@ if [[ "${UBEP_TEST_SKIP_TSAN:-0}" != 1 ]]; then
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$JOBS" --timeout 600 \
     -R '\.ucx_thread$|^stall_test\.|^rma_test\.np2\.thread\.mpi$|^soak\..*thread'
+fi
+if [[ "${UBEP_TEST_SKIP_SIM:-0}" != 1 ]]; then
+  echo "== SimGrid build (build-sim): every rank a simulated host, signals as messages, blocking waits"
+  cmake -S . -B build-sim -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SIMGRID=ON -DUBEP_WERROR=ON >/dev/null
+  cmake --build build-sim -j "$JOBS"
+  echo "== tests (build-sim)"
+  ctest --test-dir build-sim --output-on-failure -j "$JOBS" -L sim --timeout 600
 fi
 echo "== all tests passed"

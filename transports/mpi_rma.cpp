@@ -1,6 +1,7 @@
 #include "transports/mpi_rma.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 
 #include "base/mpi_check.hpp"
@@ -9,11 +10,13 @@ namespace ubep::detail {
 namespace {
 // MPI counts are int: move large transfers in chunks of 1 GiB.
 constexpr std::size_t kChunk = std::size_t{1} << 30;
+constexpr int kSignalTag = 0x7573;     // signal messages (their communicator carries nothing else)
+constexpr std::uint64_t kWake = 0xff;  // a message that changes no word: an atomic landed (SimGrid builds)
 }  // namespace
 
 MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
                                  std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout,
-                                 const PollPolicy& poll)
+                                 const PollPolicy& poll, MPI_Comm chan, char* base)
     : win_(win),
       rank_(rank),
       dirty_(nranks, 0),
@@ -22,8 +25,52 @@ MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_
       signal_put_(signal_put),
       word_updates_(nranks),
       bounded_(std::move(off_host)),
-      blocking_(bounded, timeout, poll, rank) {
+      blocking_(bounded, timeout, poll, rank),
+      chan_(chan),
+      base_(base),
+      sent_(nranks, 0) {
   if (all) bounded_.assign(nranks, 1);
+}
+
+MpiRmaTransport::~MpiRmaTransport() = default;
+
+void MpiRmaTransport::close() noexcept {
+  if (recv_ != MPI_REQUEST_NULL) {  // local teardown: errors cannot be reported from here
+    MPI_Cancel(&recv_);
+    MPI_Wait(&recv_, MPI_STATUS_IGNORE);
+  }
+  chan_ = MPI_COMM_NULL;
+}
+
+std::size_t MpiRmaTransport::deliver(bool block) {
+  if (chan_ == MPI_COMM_NULL) return 0;
+  std::size_t n = 0;
+  for (;;) {
+    if (recv_ == MPI_REQUEST_NULL) {
+      UBEP_MPI_CHECK(rank_, "signal (receive)",
+                     MPI_Irecv(inbox_, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kSignalTag, chan_, &recv_));
+    }
+    int done = 0;
+    if (block && n == 0) {
+      UBEP_MPI_CHECK(rank_, "signal (wait for a message)", MPI_Wait(&recv_, MPI_STATUS_IGNORE));
+      done = 1;
+    } else {
+      UBEP_MPI_CHECK(rank_, "signal (receive)", MPI_Test(&recv_, &done, MPI_STATUS_IGNORE));
+    }
+    if (!done) return n;
+    if (inbox_[1] != kWake) {
+      // The sender checked the offset against the heap (check_word): a whole, aligned word.
+      std::atomic_ref<std::uint64_t> w(*reinterpret_cast<std::uint64_t*>(base_ + inbox_[0]));
+      if (static_cast<AtomicOp>(inbox_[1]) == AtomicOp::set) {
+        w.store(inbox_[2], std::memory_order_release);
+      } else {
+        w.fetch_add(inbox_[2], std::memory_order_release);
+      }
+    }
+    ++applied_;
+    ++n;
+    if (block) return n;  // the caller checks its condition before waiting again
+  }
 }
 
 void MpiRmaTransport::blocking(const char* what, int pe, bool always, std::function<void()> fn) {
@@ -169,6 +216,16 @@ std::uint64_t MpiRmaTransport::fetch_atomic(AtomicOp op, std::size_t offset, std
   return w[0];
 }
 
+void MpiRmaTransport::wake(int pe) {
+  // A simulated rank waiting for this word blocks until a message comes (deliver): once the atomic is
+  // complete at pe, tell it to look again. Real MPI builds poll the word and need no message.
+  if (!UBEP_SIMGRID || chan_ == MPI_COMM_NULL) return;
+  flush(pe);
+  const std::uint64_t msg[3] = {0, kWake, 0};
+  UBEP_MPI_CHECK(rank_, "atomic (wake message)", MPI_Send(msg, 3, MPI_UINT64_T, pe, kSignalTag, chan_));
+  ++sent_[pe];
+}
+
 void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   const std::uint64_t* value = prepare_word_update(offset, operand, pe, false);
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;
@@ -178,9 +235,20 @@ void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t
     UBEP_MPI_CHECK(rank, "signal/atomic", MPI_Accumulate(value, 1, MPI_UINT64_T, pe, disp, 1, MPI_UINT64_T, mop, win));
   });
   mark(pe, false);
+  wake(pe);
 }
 
 void MpiRmaTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
+  if (chan_ != MPI_COMM_NULL) {
+    // The data completes first (release); MPI keeps the messages of one origin in order, so nothing about
+    // the word is recorded. MPI_Send of 24 bytes returns once buffered (eager), without the target.
+    if (data_dirty_[pe]) flush(pe);
+    before_op(pe);
+    const std::uint64_t msg[3] = {offset, static_cast<std::uint64_t>(op), operand};
+    UBEP_MPI_CHECK(rank_, "signal (message)", MPI_Send(msg, 3, MPI_UINT64_T, pe, kSignalTag, chan_));
+    ++sent_[pe];
+    return;
+  }
   if (op != AtomicOp::set || !signal_put_) return post_atomic(op, offset, operand, pe);
   // A set signal as one 8-byte put: prepare_word_update completes the data first, so the word changes
   // only after the data is in place, without the remote lock osc ucx takes for every accumulate. The
@@ -240,6 +308,10 @@ void MpiRmaTransport::flush_data() {
 }
 
 void MpiRmaTransport::progress(MPI_Comm comm) {
+  if (chan_ != MPI_COMM_NULL) {  // the receive's test progresses MPI too
+    deliver(false);
+    return;
+  }
   UBEP_MPI_CHECK(rank_, "progress", MPI_Win_sync(win_));
   int flag = 0;
   UBEP_MPI_CHECK(rank_, "progress", MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE));

@@ -22,6 +22,16 @@
 //    timeout; the rest run inline. MPI_Put, MPI_Get (they only issue), MPI_Win_sync and MPI_Iprobe
 //    always run inline.
 //  - the origin buffers of posted accumulates live until a flush; once 4096 are in flight, flush_all().
+//
+// Signals as messages (UBEP_MPI_SIGNAL=message, the default of SimGrid builds): post_signal completes the
+// data to pe as above, then sends {offset, op, value} with MPI_Send on `chan`, a communicator that carries
+// nothing else; the target applies each message to its heap word (a release store or add) in deliver(),
+// which its waits, tests, progress() and barrier() call. MPI keeps messages from one origin in order, so
+// one origin's signals to one word stay in program order. A signal word must then be updated by signals
+// only (no atomics on it): an applied message is not atomic with an MPI accumulate on that word. In
+// SimGrid builds, where a wait blocks on the next message, every non-fetching atomic (atomic_set,
+// atomic_add) is followed by a flush and a message that changes no word (wake), so that a wait on such a
+// word returns too; fetching atomics send none (a word that only they change is seen at the next message).
 #pragma once
 
 #include <mpi.h>
@@ -40,8 +50,12 @@ class MpiRmaTransport final : public Transport {
   /// signal_put: SignalOp::set signals as 8-byte MPI_Put instead of MPI_Accumulate (UBEP_MPI_SIGNAL).
   /// bounded: blocking MPI calls may get the deadline `timeout` (BoundedCaller): fetching atomics to
   /// every peer, flushes and accumulates to peers with off_host[pe] != 0, or every call with `all`.
+  /// chan: with signals as messages, the communicator they travel on (MPI_COMM_NULL otherwise); base: this
+  /// rank's heap, where they are applied.
   MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
-                  std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout, const PollPolicy& poll);
+                  std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout, const PollPolicy& poll,
+                  MPI_Comm chan = MPI_COMM_NULL, char* base = nullptr);
+  ~MpiRmaTransport() override;
   const char* name() const noexcept override { return "mpi"; }
   void put(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
   void put_nbi(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
@@ -58,8 +72,18 @@ class MpiRmaTransport final : public Transport {
   /// what a deferred signal must follow.
   void flush_data();
   bool outstanding() const noexcept override { return !dirty_list_.empty(); }
-  /// Win_sync + a probe on `comm`: lets MPI progress RMA aimed at this rank.
+  /// Win_sync + a probe on `comm`: lets MPI progress RMA aimed at this rank; applies arrived signal messages.
   void progress(MPI_Comm comm);
+  /// Signals as messages: applies every signal message that has arrived, or, with `block`, waits in
+  /// MPI_Wait for one first (no deadline: for SimGrid, where a blocked rank yields to the simulation).
+  /// Returns how many it applied. Without signal messages: 0.
+  std::size_t deliver(bool block);
+  bool signal_messages() const noexcept { return chan_ != MPI_COMM_NULL; }
+  /// Cancels the posted receive of signal messages (before the communicator is freed). Local.
+  void close() noexcept;
+  /// Signal messages sent to each peer and applied here, since the start (barrier() matches them up).
+  const std::vector<std::uint64_t>& messages_sent() const noexcept { return sent_; }
+  std::uint64_t messages_applied() const noexcept { return applied_; }
 
  private:
   void before_op(int pe);  // applies a pending fence
@@ -76,6 +100,9 @@ class MpiRmaTransport final : public Transport {
   void flush_local(int pe, const char* what);    // MPI_Win_flush_local(pe) with the deadline
   void issue_put(std::size_t offset, const void* src, std::size_t bytes, int pe);
   void issue_get(void* dst, std::size_t offset, std::size_t bytes, int pe);
+  /// SimGrid builds with signal messages: after a non-fetching atomic to pe, flush it and send pe a message that
+  /// changes nothing, so that a rank blocked in a wait there looks at its words again.
+  void wake(int pe);
 
   MPI_Win win_;
   int rank_;
@@ -95,6 +122,13 @@ class MpiRmaTransport final : public Transport {
   void blocking(const char* what, int pe, bool always, std::function<void()> fn);
   std::vector<std::uint8_t> bounded_;  // per pe: flushes and accumulates get the deadline
   BoundedCaller blocking_;
+  // Signals as messages.
+  MPI_Comm chan_;
+  char* base_;
+  MPI_Request recv_ = MPI_REQUEST_NULL;  // the posted receive of the next message into inbox_
+  std::uint64_t inbox_[3] = {0, 0, 0};   // offset, op (AtomicOp), value
+  std::vector<std::uint64_t> sent_;
+  std::uint64_t applied_ = 0;
 };
 
 }  // namespace ubep::detail

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ubep/config.hpp"
+
 namespace ubep {
 
 /// How a wait polls: spin with a CPU pause, then yield the core, then sleep in doubling steps.
@@ -36,7 +38,8 @@ struct Options {
   /// UBEP_TRANSPORTS (collective): the transports the route table may use among self, shm, ucx, mpi.
   /// Each peer gets the first of self (this rank), shm (same node), then ucx, then mpi that reaches it:
   /// ucx is preferred over mpi off the node whenever it is named. Default "self,shm,ucx,mpi" in builds
-  /// with UCX (default_transports()), "self,shm,mpi" otherwise. "mpi" alone sends every operation, to
+  /// with UCX (default_transports()), "self,shm,mpi" otherwise, "self,mpi" in SimGrid builds (shared memory
+  /// is not simulated: a rank polling it would never yield to the simulation). "mpi" alone sends every operation, to
   /// self too, through MPI RMA; "ucx" alone, through UCX; "self,shm,mpi" forces MPI RMA off the node.
   std::vector<std::string> transports = default_transports();
   /// UBEP_UCX_MODE (collective): how the ucx route moves data to each peer. "auto" (default): rdma where
@@ -66,8 +69,14 @@ struct Options {
   /// UBEP_MPI_SIGNAL: how a SignalOp::set signal travels on the mpi route. "put" (default): an 8-byte
   /// MPI_Put issued after the flush that completes the data; "accumulate": MPI_Accumulate(MPI_REPLACE).
   /// SignalOp::add is always MPI_Accumulate(MPI_SUM). Open MPI 4.1's osc ucx runs every accumulate under
-  /// a remote lock (two to three round trips); see README "Signals on the mpi route".
-  bool mpi_signal_put = true;
+  /// a remote lock (two to three round trips); see README "Signals on the mpi route". "message": every
+  /// signal (set and add) is an MPI_Send of {offset, op, value} on a communicator of its own after the
+  /// flush that completes the data, applied by the target when it next calls into ubep (a wait, test*,
+  /// progress(), barrier()); a waiting rank receives instead of polling memory. The default in SimGrid
+  /// builds (UBEP_SIMGRID), where a wait then blocks in MPI_Wait.
+  bool mpi_signal_put = !UBEP_SIMGRID;
+  /// UBEP_MPI_SIGNAL=message (see above).
+  bool mpi_signal_message = UBEP_SIMGRID != 0;
   /// UBEP_MPI_BOUNDED: which blocking MPI calls of the mpi route get the wait deadline (they then run on
   /// a worker thread while the caller polls; see context.hpp "Deadlines"). "auto" (default): every call
   /// to a peer on the mpi route (on this host too: osc ucx completes puts into its window only with its
@@ -77,7 +86,8 @@ struct Options {
   /// host). "off": none (every call inline, unbounded).
   std::string mpi_bounded = "auto";
 
-  /// The transports of a default Options: "self,shm,ucx,mpi" in builds with UCX, else "self,shm,mpi".
+  /// The transports of a default Options: "self,shm,ucx,mpi" in builds with UCX, "self,mpi" in SimGrid
+  /// builds, else "self,shm,mpi".
   static std::vector<std::string> default_transports();
   /// Reads every UBEP_* variable once. Throws Errc::invalid_argument naming the variable and the value
   /// when one cannot be parsed.

@@ -191,6 +191,54 @@ TEST(Signal, ManyWritersAddExactly) {
   ctx.finalize();
 }
 
+// barrier() completes every rank's signals at their targets: right after it, each rank's words hold what
+// every peer added, read as plain memory (no wait). With signals as messages (UBEP_MPI_SIGNAL=message) the
+// barrier itself applies the messages sent to this rank before the peers' barriers.
+TEST(Signal, BarrierCompletesSignalsEverywhere) {
+  Context ctx(MPI_COMM_WORLD, heap());
+  const int me = ctx.rank(), n = ctx.size();
+  auto sig = ctx.alloc_signals(static_cast<std::size_t>(n));
+  for (std::uint64_t round = 1; round <= 20; ++round) {
+    for (int pe = 0; pe < n; ++pe) {  // word `me` of every rank: round*(me+1) added in two steps
+      ctx.signal_op(&sig[static_cast<std::size_t>(me)], round * static_cast<std::uint64_t>(me), SignalOp::add, pe);
+      ctx.signal_op(&sig[static_cast<std::size_t>(me)], round, SignalOp::add, pe);
+    }
+    ctx.barrier();
+    for (int from = 0; from < n; ++from) {
+      const std::uint64_t want = static_cast<std::uint64_t>(from + 1) * round * (round + 1) / 2;
+      ASSERT_EQ(std::atomic_ref<std::uint64_t>(sig[static_cast<std::size_t>(from)]).load(), want)
+          << "round " << round << ": rank " << me << "'s word of rank " << from << " after the barrier";
+    }
+    ctx.barrier();
+  }
+  ctx.finalize();
+}
+
+// A signal aimed at an object that is then freed never changes the object that reuses its block: alloc
+// completes (with signals as messages: applies) every signal sent before it. The ping from the same origin
+// arrives after the stale signal, so by its wait the stale one would have landed.
+TEST(Signal, SignalsToAFreedObjectNeverReachTheNextOne) {
+  Context ctx(MPI_COMM_WORLD, heap());
+  const int me = ctx.rank(), n = ctx.size(), right = (me + 1) % n;
+  for (std::uint64_t round = 1; round <= 20; ++round) {
+    const std::uint64_t* old_word = nullptr;
+    {
+      auto old = ctx.alloc_signals(1);
+      old_word = old.data();
+      ctx.signal_op(old.data(), 1000 + round, SignalOp::set, right);
+    }  // released locally, its signal possibly still on the way
+    auto fresh = ctx.alloc_signals(1, 7);
+    auto ping = ctx.alloc_signals(1);
+    ctx.signal_op(ping.data(), round, SignalOp::set, right);
+    ctx.wait_until(ping.data(), Cmp::ge, round);
+    ASSERT_EQ(std::atomic_ref<std::uint64_t>(fresh[0]).load(), 7u)
+        << "round " << round << ": a signal to the freed object changed the new one"
+        << (fresh.data() == old_word ? " (same block)" : "");
+    ctx.barrier();
+  }
+  ctx.finalize();
+}
+
 // Updates of one word from one origin land in program order, also when deferred and batched: a run of
 // `set` signals ends with the last value, and an `add` after a `set` adds to it (on the mpi route a set
 // may be an MPI_Put, which MPI orders with nothing unless ubep flushes in between).

@@ -55,8 +55,17 @@ TEST(Options, MpiSignal) {
     Env e("UBEP_MPI_SIGNAL", " put ");
     EXPECT_TRUE(Options::from_env().mpi_signal_put);
   }
+  {
+    Env e("UBEP_MPI_SIGNAL", "message");
+    EXPECT_TRUE(Options::from_env().mpi_signal_message);
+    EXPECT_FALSE(Options::from_env().mpi_signal_put);
+    bool found = false;
+    for (const std::string& line : Options::from_env().describe()) found = found || line == "UBEP_MPI_SIGNAL=message";
+    EXPECT_TRUE(found);
+  }
   unsetenv("UBEP_MPI_SIGNAL");
   EXPECT_TRUE(Options::from_env().mpi_signal_put) << "the default is put";
+  EXPECT_FALSE(Options::from_env().mpi_signal_message) << "messages are the default only in SimGrid builds";
   const std::string what = error_of("UBEP_MPI_SIGNAL", "cas");
   EXPECT_NE(what.find("UBEP_MPI_SIGNAL"), std::string::npos) << what;
   EXPECT_NE(what.find("cas"), std::string::npos) << what;
