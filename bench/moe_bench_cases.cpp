@@ -188,13 +188,12 @@ class TimedExpert {
       : cfg_(cfg), us_per_token_(us_per_token), sleep_(sleep) {}
   std::span<const std::byte> operator()(const moe::ExpertTokens& t) {
     if (us_per_token_ > 0.0 && t.count > 0) {
+#if UBEP_SIMGRID  // simulated compute: the time passes for this rank only, at no wall-time cost
+      smpi_execute(us_per_token_ * static_cast<double>(t.count) * 1e-6);
+#else
       const auto end =
           Clock::now() + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double, std::micro>(us_per_token_ * static_cast<double>(t.count)));
-#if UBEP_SIMGRID  // simulated compute: the time passes for this rank only, at no wall-time cost
-      (void)end;
-      smpi_execute(us_per_token_ * static_cast<double>(t.count) * 1e-6);
-#else
       if (sleep_) {
         std::this_thread::sleep_until(end);
       } else {

@@ -34,16 +34,6 @@ std::uint64_t load(const std::uint64_t* sig) {
   return std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(sig)).load(std::memory_order_acquire);
 }
 
-/// The signal update of the load/store path (LoadStoreTransport::post_atomic, inline): a release store or
-/// add, so whoever acquires the new value sees the data this rank stored before.
-void store_signal(char* mapped, std::size_t offset, SignalOp op, std::uint64_t value) {
-  std::atomic_ref<std::uint64_t> w(*reinterpret_cast<std::uint64_t*>(mapped + offset));
-  if (op == SignalOp::set) {
-    w.store(value, std::memory_order_release);
-  } else {
-    w.fetch_add(value, std::memory_order_release);
-  }
-}
 }  // namespace
 
 void State::issue_pending_signals() {
@@ -78,8 +68,9 @@ void State::apply_sent_signal_messages(const char* call) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (options.wait_timeout.count() > 0 && waited > options.wait_timeout.count()) {
       fail(Errc::timeout, call,
-           "waited " + std::to_string(waited) + " s for signal messages the peers sent before the barrier: " +
-               std::to_string(mpi->messages_applied()) + " of " + std::to_string(expected) + " applied");
+           "waited " + std::to_string(waited) + " s for the signal messages the peers sent before this " +
+               std::string(call) + ": " + std::to_string(mpi->messages_applied()) + " of " + std::to_string(expected) +
+               " applied");
     }
   }
 }
@@ -215,7 +206,7 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
     // when every rank blocks): no deadline there.
     if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
     if (s.ucx) s.ucx->poll();  // the peers' messages land only while this rank progresses its worker
-    if (backoff.pause() && s.mpi) s.mpi->progress(s.comm);
+    if (backoff.pause() && s.mpi && !messages) s.mpi->progress(s.comm);  // messages: deliver() progressed
     if (timeout > 0 && (backoff.polls() & 15) == 0) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout) timeout_report(s, call, sigs, cmp, t, opts, waited, mode);
@@ -238,7 +229,7 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
   const std::size_t soff = s.check_word("put_signal", sig);
   if (char* m = s.mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
     if (bytes) std::memcpy(m + off, src, bytes);
-    detail::store_signal(m, soff, op, value);
+    detail::apply_posted(m, soff, detail::atomic_of(op), value);
     return;
   }
   detail::Transport& data = s.data_route(pe);
@@ -260,7 +251,7 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
   const std::size_t soff = s.check_word("put_signal_nbi", sig);
   if (char* m = s.mapped_signals[pe]) {  // as put_signal: complete on return
     if (bytes) std::memcpy(m + off, src, bytes);
-    detail::store_signal(m, soff, op, value);
+    detail::apply_posted(m, soff, detail::atomic_of(op), value);
     return;
   }
   detail::Transport& data = s.data_route(pe);
@@ -282,7 +273,7 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
   if (char* m = s.mapped_signals[pe]; m != nullptr && !s.ucx) {  // with UCX, ucx-route puts are ordered first
-    detail::store_signal(m, soff, op, value);
+    detail::apply_posted(m, soff, detail::atomic_of(op), value);
     return;
   }
   detail::Transport& at = s.atomics_of(pe);

@@ -137,8 +137,9 @@ class State {
   void issue_pending_signals();
   void progress();
   void quiet();
-  /// UBEP_MPI_SIGNAL=message, in barrier(): applies every signal message the peers sent before their
-  /// barrier (one reduce-scatter of the counts sent, then receives until they are all applied). Else nothing.
+  /// UBEP_MPI_SIGNAL=message, in barrier() and alloc: applies every signal message the peers sent before
+  /// their call (one reduce-scatter of the counts sent, then receives until they are all applied, with the
+  /// wait deadline). Else nothing.
   void apply_sent_signal_messages(const char* call);
 
   /// Agrees with every rank on (kind, seq, args); throws collective_mismatch (on every rank) when they

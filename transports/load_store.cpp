@@ -40,14 +40,10 @@ std::uint64_t LoadStoreTransport::fetch_atomic(AtomicOp op, std::size_t offset, 
 void LoadStoreTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   // Release: the data this rank stored before (memcpy into the same mapping) is visible to whoever
   // acquires the new value.
-  auto w = word(bases_[pe], offset);
-  if (op == AtomicOp::add) {
-    w.fetch_add(operand, std::memory_order_release);
-  } else if (op == AtomicOp::set) {
-    w.store(operand, std::memory_order_release);
-  } else {
+  if (op != AtomicOp::add && op != AtomicOp::set) {
     throw Error(Errc::internal, "ubep: load/store transport: not a posted atomic");
   }
+  apply_posted(bases_[pe], offset, op, operand);
 }
 
 void LoadStoreTransport::fence() { std::atomic_thread_fence(std::memory_order_release); }

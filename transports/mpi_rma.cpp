@@ -1,7 +1,6 @@
 #include "transports/mpi_rma.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 
 #include "base/mpi_check.hpp"
@@ -58,15 +57,8 @@ std::size_t MpiRmaTransport::deliver(bool block) {
       UBEP_MPI_CHECK(rank_, "signal (receive)", MPI_Test(&recv_, &done, MPI_STATUS_IGNORE));
     }
     if (!done) return n;
-    if (inbox_[1] != kWake) {
-      // The sender checked the offset against the heap (check_word): a whole, aligned word.
-      std::atomic_ref<std::uint64_t> w(*reinterpret_cast<std::uint64_t*>(base_ + inbox_[0]));
-      if (static_cast<AtomicOp>(inbox_[1]) == AtomicOp::set) {
-        w.store(inbox_[2], std::memory_order_release);
-      } else {
-        w.fetch_add(inbox_[2], std::memory_order_release);
-      }
-    }
+    // The sender checked the offset against the heap (check_word): a whole, aligned word.
+    if (inbox_[1] != kWake) apply_posted(base_, inbox_[0], static_cast<AtomicOp>(inbox_[1]), inbox_[2]);
     ++applied_;
     ++n;
     if (block) return n;  // the caller checks its condition before waiting again

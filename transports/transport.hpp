@@ -12,6 +12,7 @@
 // which, and which of them get the deadline).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -19,6 +20,18 @@
 namespace ubep::detail {
 
 enum class AtomicOp : std::uint8_t { fetch_add, compare_swap, swap, fetch, add, set };
+
+/// A posted atomic (`add`, else `set`) applied to the word at `offset` of a heap mapped here: a release add
+/// or store, so whoever acquires the new value sees what the writer stored before. The one update of the
+/// load/store path, the runtime's inline signal path and the mpi route's signal messages.
+inline void apply_posted(char* base, std::size_t offset, AtomicOp op, std::uint64_t value) noexcept {
+  std::atomic_ref<std::uint64_t> w(*reinterpret_cast<std::uint64_t*>(base + offset));
+  if (op == AtomicOp::add) {
+    w.fetch_add(value, std::memory_order_release);
+  } else {
+    w.store(value, std::memory_order_release);
+  }
+}
 
 class Transport {
  public:
