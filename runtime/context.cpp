@@ -307,7 +307,16 @@ void build(State& s, MPI_Comm user_comm) {
   std::vector<int> pads(node_size, 0);
   UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&pad, 1, MPI_INT, pads.data(), 1, MPI_INT, s.node_comm));
   std::vector<char*> bases(s.size, nullptr);
-  for (int i = 0; i < node_size; ++i) {
+  if (UBEP_SIMGRID) {
+    // SMPI 3.32's MPI_Win_shared_query answers the start of the whole node segment for every rank (its
+    // windows keep rank 0's base), while each rank's baseptr is right. Simulated ranks share one address
+    // space, so node peers exchange their aligned bases as addresses.
+    std::vector<std::uintptr_t> addr(node_size, 0);
+    const auto mine = reinterpret_cast<std::uintptr_t>(s.base);
+    UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&mine, 1, MPI_UINT64_T, addr.data(), 1, MPI_UINT64_T, s.node_comm));
+    for (int i = 0; i < node_size; ++i) bases[s.node_ranks[i]] = reinterpret_cast<char*>(addr[i]);
+  }
+  for (int i = 0; i < node_size && !UBEP_SIMGRID; ++i) {
     MPI_Aint sz = 0;
     int disp = 0;
     char* ptr = nullptr;

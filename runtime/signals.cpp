@@ -57,8 +57,12 @@ void State::apply_sent_signal_messages(const char* call) {
   const std::vector<std::uint64_t>& sent = mpi->messages_sent();
   std::uint64_t expected = 0;
   MPI_Request req = MPI_REQUEST_NULL;
-  UBEP_MPI_CHECK(rank, call,
-                 MPI_Ireduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, signal_comm, &req));
+  if (UBEP_SIMGRID) {  // blocking, as every simulated wait (SMPI's non-blocking collectives are linear)
+    UBEP_MPI_CHECK(rank, call, MPI_Reduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, signal_comm));
+  } else {
+    UBEP_MPI_CHECK(rank, call,
+                   MPI_Ireduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, signal_comm, &req));
+  }
   wait_request(call, req, "the count of signal messages sent to each rank");
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff(options.poll);
