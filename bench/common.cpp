@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -135,7 +136,13 @@ std::string mpi_library() {
 std::string format_value(std::optional<double> v, int precision) {
   if (!v) return "n/a";
   char text[64];
-  std::snprintf(text, sizeof text, "%.*f", precision, *v);
+  // A positive value too small for the fixed precision (a bandwidth of a few bytes on a loaded machine)
+  // keeps three significant digits instead of printing as 0.00.
+  if (*v > 0.0 && *v < 0.5 * std::pow(10.0, -precision)) {
+    std::snprintf(text, sizeof text, "%.3g", *v);
+  } else {
+    std::snprintf(text, sizeof text, "%.*f", precision, *v);
+  }
   return text;
 }
 
@@ -250,16 +257,26 @@ void Bench::wait(MPI_Request& request) const {
 }
 
 void Bench::barrier() const {
+#if UBEP_SIMGRID  // blocking, as in wait(); SMPI's MPI_Ibarrier is linear, its MPI_Barrier is not
+  for (ubep::Context* c : contexts_) c->progress();
+  UBEP_BENCH_MPI(MPI_Barrier(comm_));
+#else
   MPI_Request request = MPI_REQUEST_NULL;
   UBEP_BENCH_MPI(MPI_Ibarrier(comm_, &request));
   wait(request);
+#endif
 }
 
 void Bench::agree(bool ok, const std::string& what) const {
   int all = ok ? 1 : 0;
+#if UBEP_SIMGRID
+  for (ubep::Context* c : contexts_) c->progress();
+  UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
+#else
   MPI_Request request = MPI_REQUEST_NULL;
   UBEP_BENCH_MPI(MPI_Iallreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_, &request));
   wait(request);
+#endif
   if (!all) throw CheckFailed(what);
 }
 
