@@ -87,7 +87,9 @@ std::string describe_json(const Topology& topo, ScheduleKind kind) {
   j["overrides"] = topo.overrides();
   j["unbound"] = unbound_ranks(topo);
   if (topo.any_unbound()) j["advice"] = kBindAdvice;
-  return j.dump(1) + "\n";
+  // Names and info strings come from hwloc (an XML file may hold any bytes): invalid UTF-8 is replaced
+  // (U+FFFD), not thrown.
+  return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 #endif
 }
 
