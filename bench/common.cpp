@@ -94,6 +94,15 @@ Window::Window(Kind kind, std::size_t bytes, MPI_Comm comm) {
     UBEP_BENCH_MPI(MPI_Win_create(base_, size, 1, MPI_INFO_NULL, comm, &win_));
   } else {
     UBEP_BENCH_MPI(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm, &base_, &win_));
+#if UBEP_SIMGRID
+    // SMPI 3.32's MPI_Win_shared_query answers the segment's start for every rank (as the runtime's node
+    // heap works around it, README "Simulated scale"); all ranks share one address space, so the bases
+    // themselves are exchanged.
+    int ranks = 0;
+    UBEP_BENCH_MPI(MPI_Comm_size(comm, &ranks));
+    peer_bases_.resize(static_cast<std::size_t>(ranks));
+    UBEP_BENCH_MPI(MPI_Allgather(&base_, sizeof base_, MPI_BYTE, peer_bases_.data(), sizeof base_, MPI_BYTE, comm));
+#endif
   }
   UBEP_BENCH_MPI(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
   UBEP_BENCH_MPI(MPI_Win_lock_all(0, win_));
@@ -108,6 +117,7 @@ Window::~Window() {
 }
 
 std::byte* Window::peer_base(int rank) const {
+  if (!peer_bases_.empty()) return peer_bases_.at(static_cast<std::size_t>(rank));
   MPI_Aint size = 0;
   int disp = 0;
   void* ptr = nullptr;
@@ -232,13 +242,17 @@ std::vector<double> Bench::time(std::size_t size, const std::vector<Loop>& loops
   return out;
 }
 
+void Bench::progress_all() const {
+  for (ubep::Context* c : contexts_) c->progress();
+}
+
 void Bench::wait(MPI_Request& request) const {
 #if UBEP_SIMGRID
   // A simulated rank that polls costs wall time for every poll (smpi/test each) and, at hundreds of ranks,
   // hours: it issues its own deferred signals once, then blocks. In simulation no peer needs this rank's
   // progress for its own to complete (signals are messages, which wait in MPI until applied; puts land
   // without the target).
-  for (ubep::Context* c : contexts_) c->progress();
+  progress_all();
   UBEP_BENCH_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
   return;
 #endif
@@ -247,7 +261,7 @@ void Bench::wait(MPI_Request& request) const {
     int done = 0;
     UBEP_BENCH_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    for (ubep::Context* c : contexts_) c->progress();
+    progress_all();
     if (polls < spin) {
       ubep::detail::cpu_relax();
     } else {
@@ -258,7 +272,7 @@ void Bench::wait(MPI_Request& request) const {
 
 void Bench::barrier() const {
 #if UBEP_SIMGRID  // blocking, as in wait(); SMPI's MPI_Ibarrier is linear, its MPI_Barrier is not
-  for (ubep::Context* c : contexts_) c->progress();
+  progress_all();
   UBEP_BENCH_MPI(MPI_Barrier(comm_));
 #else
   MPI_Request request = MPI_REQUEST_NULL;
@@ -270,7 +284,7 @@ void Bench::barrier() const {
 void Bench::agree(bool ok, const std::string& what) const {
   int all = ok ? 1 : 0;
 #if UBEP_SIMGRID
-  for (ubep::Context* c : contexts_) c->progress();
+  progress_all();
   UBEP_BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
 #else
   MPI_Request request = MPI_REQUEST_NULL;

@@ -194,6 +194,8 @@ class Bench {
   /// stall the peer's timed loop. Polls with a pause, then yields; never sleeps, as MPI's own blocking
   /// calls do not, so that the target answers at once.
   void wait(MPI_Request& request) const;
+  /// One progress call on every Context (issues the deferred signals of the mpi route).
+  void progress_all() const;
 
   std::string name_;
   std::string description_;
@@ -263,7 +265,8 @@ class Window {
  private:
   MPI_Win win_ = MPI_WIN_NULL;
   void* base_ = nullptr;
-  std::unique_ptr<Buffer> memory_;  // Kind::create only
+  std::unique_ptr<Buffer> memory_;      // Kind::create only
+  std::vector<std::byte*> peer_bases_;  // SimGrid builds, Kind::allocate_shared: every rank's base here
 };
 
 /// Fills `bytes` bytes with a pattern that differs per seed and per offset, so that a stale buffer, a

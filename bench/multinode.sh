@@ -84,23 +84,7 @@ else
   LOCAL=(mpirun -np 2)
 fi
 
-# run NAME CMD...: runs one job with --json OUT/NAME.json appended, its table into OUT/NAME.txt.
-run() {
-  local name=$1; shift
-  echo "== $name: $*" >&2
-  local rc=0
-  "$@" --json "$OUT/$name.json" >"$OUT/$name.txt" 2>&1 || rc=$?
-  if ((rc == 77)); then
-    echo "$ME: cannot emulate nodes here (see $OUT/$name.txt)" >&2
-    tail -n 3 "$OUT/$name.txt" >&2
-    exit 77
-  fi
-  if ((rc != 0)); then
-    echo "$ME: $name failed (exit $rc); its output:" >&2
-    tail -n 30 "$OUT/$name.txt" >&2
-    exit "$rc"
-  fi
-}
+source bench/job.sh  # run NAME CMD...
 
 for bench in signal_latency put_latency; do
   exe=$BUILD/bench/ubep_$bench

@@ -315,13 +315,14 @@ void build(State& s, MPI_Comm user_comm) {
     const auto mine = reinterpret_cast<std::uintptr_t>(s.base);
     UBEP_MPI_CHECK(s.rank, call, MPI_Allgather(&mine, 1, MPI_UINT64_T, addr.data(), 1, MPI_UINT64_T, s.node_comm));
     for (int i = 0; i < node_size; ++i) bases[s.node_ranks[i]] = reinterpret_cast<char*>(addr[i]);
-  }
-  for (int i = 0; i < node_size && !UBEP_SIMGRID; ++i) {
-    MPI_Aint sz = 0;
-    int disp = 0;
-    char* ptr = nullptr;
-    UBEP_MPI_CHECK(s.rank, call, MPI_Win_shared_query(s.node_win, i, &sz, &disp, &ptr));
-    bases[s.node_ranks[i]] = ptr + pads[i];
+  } else {
+    for (int i = 0; i < node_size; ++i) {
+      MPI_Aint sz = 0;
+      int disp = 0;
+      char* ptr = nullptr;
+      UBEP_MPI_CHECK(s.rank, call, MPI_Win_shared_query(s.node_win, i, &sz, &disp, &ptr));
+      bases[s.node_ranks[i]] = ptr + pads[i];
+    }
   }
 
   // The route table: the cheapest allowed transport that reaches each peer.

@@ -12,8 +12,9 @@
 #   6. a ThreadSanitizer build in its own tree (build-tsan): the tests that run a second thread (progress
 #      thread on the ucx and mpi routes, bounded MPI calls, a soak run with the progress thread)
 #   7. a SimGrid build in its own tree (build-sim, UBEP_SIMGRID=ON): the RMA, signal and MoE suites at 8 and
-#      32 simulated ranks and at 16 on 2 hosts of 8, ubep_moe_bench at 64 and bench/sim/run.sh --quick under
-#      smpirun (label sim)
+#      32 simulated ranks and at 16 on 2 hosts of 8, ubep_moe_bench at 64, bench/sim/run.sh --quick under
+#      smpirun, and bench/sim/calibrate.sh --quick (emulated nodes with the default tree's benchmarks against
+#      their simulation) (label sim)
 # Environment: UBEP_TEST_SKIP_MPICH=1 skips step 3, UBEP_TEST_SKIP_ASAN=1 step 4, UBEP_TEST_SKIP_FUZZ=1 step 5,
 # UBEP_TEST_SKIP_TSAN=1 step 6, UBEP_TEST_SKIP_SIM=1 step 7; UBEP_BUILD_DIR (default build) names the default tree.
 set -euo pipefail
@@ -93,7 +94,8 @@ if [[ "${UBEP_TEST_SKIP_TSAN:-0}" != 1 ]]; then
 fi
 if [[ "${UBEP_TEST_SKIP_SIM:-0}" != 1 ]]; then
   echo "== SimGrid build (build-sim): every rank a simulated host, signals as messages, blocking waits"
-  cmake -S . -B build-sim -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SIMGRID=ON -DUBEP_WERROR=ON >/dev/null
+  cmake -S . -B build-sim -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SIMGRID=ON -DUBEP_WERROR=ON \
+    -DUBEP_SIM_HOST_BUILD="$PWD/$build" >/dev/null
   cmake --build build-sim -j "$JOBS"
   echo "== tests (build-sim)"
   ctest --test-dir build-sim --output-on-failure -j "$JOBS" -L sim --timeout 600

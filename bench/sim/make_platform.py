@@ -15,9 +15,12 @@ Topologies:
   dragonfly  --groups groups of --chassis chassis of --routers routers of --nodes-per-switch nodes each
              (SimGrid's DRAGONFLY: all-to-all links inside a chassis, between the chassis of a group and between
              groups); topology.conf describes it as the tree router < chassis < group < system
-  crossbar   every node on its own link to one switch (SimGrid's flat cluster); the calibration platform for
-             the emulated nodes of bench/multinode.sh, with --switches to split the nodes into leaf groups in
-             topology.conf (the emulation's bridges)
+  crossbar   the shape of tests/multinode/emulate.sh, the calibration platform of bench/sim/calibrate.sh: every
+             node on its own full-duplex link (--link-bw, --link-lat) to its switch, --switches switches
+             (contiguous blocks of nodes, the emulation's bridges) joined by a spine, each switch's uplink
+             --spine-bw / --spine-lat (emulate.sh --spine-rate / --spine-delay); explicit routes, up to 64 nodes.
+             --host-bw B adds one SHARED link of bandwidth B that every inter-node route crosses: the machine
+             that emulates the nodes, whose cores run the TCP stack of all of them (bench/sim/calibrate.sh)
 """
 import argparse
 import json
@@ -74,11 +77,49 @@ def crossbar(a, nodes):
     sw = a.switches
     if nodes % sw:
         sys.exit(f"make_platform.py: {nodes} nodes do not split evenly over {sw} switches (--switches)")
+    if nodes > 64:
+        sys.exit(f"make_platform.py: crossbar writes every route out; {nodes} nodes is above its 64 (use fat-tree)")
     per = nodes // sw
     conf = [f"SwitchName=sw{k} Nodes={slurm_range(a.prefix, k * per, k * per + per - 1)}" for k in range(sw)]
     if sw > 1:
         conf.append(f"SwitchName=top Switches={slurm_range('sw', 0, sw - 1)}")
-    return "", conf, {"switches": sw}
+    return None, conf, {"switches": sw, "spine_bw": a.spine_bw or a.link_bw, "spine_lat": a.spine_lat,
+                        "host_bw": a.host_bw or None}
+
+
+def crossbar_zone(a, nodes):
+    """The crossbar platform as one zone with Full routing: a node's link and its switch's uplink are
+    SPLITDUPLEX (each direction its own bandwidth, as emulate.sh shapes each direction), the loopback between
+    the ranks of a node FATPIPE (as a SimGrid cluster's)."""
+    h = lambda n: f"{a.prefix}{n}"
+    per = nodes // a.switches
+    out = ['  <zone id="ubep-sim" routing="Full">']
+    for n in range(nodes):
+        out.append(f'    <host id="{h(n)}" speed="{a.speed}" core="{a.ranks_per_node}"/>')
+    for n in range(nodes):
+        out.append(f'    <link id="{h(n)}-nic" bandwidth="{a.link_bw}" latency="{a.link_lat}" sharing_policy="SPLITDUPLEX"/>')
+        out.append(f'    <link id="{h(n)}-loop" bandwidth="{a.node_bw}" latency="{a.node_lat}" sharing_policy="FATPIPE"/>')
+    if a.host_bw:
+        out.append(f'    <link id="emulating-host" bandwidth="{a.host_bw}" latency="0us" sharing_policy="SHARED"/>')
+    if a.switches > 1:
+        for k in range(a.switches):
+            out.append(f'    <link id="sw{k}-up" bandwidth="{a.spine_bw or a.link_bw}" latency="{a.spine_lat}" '
+                       'sharing_policy="SPLITDUPLEX"/>')
+    for s in range(nodes):
+        out.append(f'    <route src="{h(s)}" dst="{h(s)}"><link_ctn id="{h(s)}-loop"/></route>')
+        for d in range(nodes):
+            if d == s:
+                continue
+            links = [f'<link_ctn id="{h(s)}-nic" direction="UP"/>']
+            if a.host_bw:
+                links.append('<link_ctn id="emulating-host"/>')
+            if s // per != d // per:
+                links += [f'<link_ctn id="sw{s // per}-up" direction="UP"/>',
+                          f'<link_ctn id="sw{d // per}-up" direction="DOWN"/>']
+            links.append(f'<link_ctn id="{h(d)}-nic" direction="DOWN"/>')
+            out.append(f'    <route src="{h(s)}" dst="{h(d)}" symmetrical="NO">{"".join(links)}</route>')
+    out.append("  </zone>")
+    return "\n".join(out) + "\n"
 
 
 def main():
@@ -93,7 +134,11 @@ def main():
     p.add_argument("--chassis", type=int, default=2, help="dragonfly chassis per group")
     p.add_argument("--chassis-links", type=int, default=1, help="dragonfly links between two chassis of a group")
     p.add_argument("--routers", type=int, default=4, help="dragonfly routers per chassis")
-    p.add_argument("--switches", type=int, default=1, help="crossbar: leaf groups written to topology.conf")
+    p.add_argument("--switches", type=int, default=1, help="crossbar: switches over contiguous blocks of nodes")
+    p.add_argument("--spine-bw", default="", help="crossbar: each switch's uplink to the spine (default --link-bw)")
+    p.add_argument("--spine-lat", default="0us", help="crossbar: latency of each switch's uplink")
+    p.add_argument("--host-bw", default="", help="crossbar: one shared link every inter-node route crosses (the "
+                   "emulating machine's CPU); default none")
     p.add_argument("--link-bw", default="400Gbps", help="every inter-node link (SimGrid units: 400Gbps, 50GBps)")
     p.add_argument("--link-lat", default="1us", help="latency of every inter-node link")
     p.add_argument("--node-bw", default="900GBps", help="between the ranks of one node (the host's loopback)")
@@ -121,9 +166,12 @@ def main():
         f.write('<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">\n')
         f.write(f"<!-- generated by bench/sim/make_platform.py {' '.join(sys.argv[1:])} -->\n")
         f.write('<platform version="4.1">\n')
-        f.write(f'  <cluster id="ubep-sim" prefix="{a.prefix}" suffix="" radical="0-{nodes - 1}" '
-                f'speed="{a.speed}" core="{a.ranks_per_node}" bw="{a.link_bw}" lat="{a.link_lat}" '
-                f'loopback_bw="{a.node_bw}" loopback_lat="{a.node_lat}" {topo}/>\n')
+        if topo is None:
+            f.write(crossbar_zone(a, nodes))
+        else:
+            f.write(f'  <cluster id="ubep-sim" prefix="{a.prefix}" suffix="" radical="0-{nodes - 1}" '
+                    f'speed="{a.speed}" core="{a.ranks_per_node}" bw="{a.link_bw}" lat="{a.link_lat}" '
+                    f'loopback_bw="{a.node_bw}" loopback_lat="{a.node_lat}" {topo}/>\n')
         f.write("</platform>\n")
     with open(os.path.join(a.out, "hostfile"), "w") as f:
         for n in range(nodes):
