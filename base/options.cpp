@@ -146,6 +146,7 @@ Options Options::from_env() {
     if (o.transports.empty()) bad("UBEP_TRANSPORTS", v, "no transport named");
   }
   if (const char* v = env("UBEP_PROGRESS_THREAD")) o.progress_thread = parse_bool(v, "UBEP_PROGRESS_THREAD");
+  if (const char* v = env("UBEP_GPU")) o.gpu = parse_bool(v, "UBEP_GPU");
   if (const char* v = env("UBEP_PROGRESS_INTERVAL_US")) {
     o.progress_interval_us = parse_u32(v, "UBEP_PROGRESS_INTERVAL_US");
   }
@@ -202,6 +203,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back("UBEP_TRANSPORTS=" + join(transports));
   out.push_back(std::string("UBEP_PROGRESS_THREAD=") + (progress_thread ? "1" : "0"));
   out.push_back("UBEP_PROGRESS_INTERVAL_US=" + std::to_string(progress_interval_us));
+  out.push_back(std::string("UBEP_GPU=") + (gpu ? "1" : "0"));
   out.push_back("UBEP_VIRTUAL_NODES=" + virtual_nodes);
   out.push_back("UBEP_SCHEDULE=" + schedule);
   out.push_back("UBEP_TOPOLOGY_FILE=" + topology_file);

@@ -15,6 +15,7 @@
 #include "base/mpi_check.hpp"
 #include "runtime/state.hpp"
 #include "ubep/config.hpp"
+#include "ubep/gpu.hpp"
 #if UBEP_HAVE_UCX
 #include "transports/ucx/ucx_transport.hpp"
 #endif
@@ -217,6 +218,26 @@ void check_shared_memory(State& s, int host_size) {
   throw OutOfHeap(s.prefix("Context()") + what + "; lower UBEP_HEAP_SIZE or enlarge " + dir);
 }
 
+// UBEP_GPU=1: CUDA comes up here, and all ranks fail together when one has no usable GPU (a rank that
+// threw alone would leave the others in the next collective until their timeout).
+void check_gpu(State& s) {
+  std::string reason;
+  struct {
+    int ok;
+    int rank;
+  } mine{1, s.rank}, first{};
+  if (s.options.gpu) {
+    const GpuStatus& g = gpu_status();
+    mine.ok = g.available ? 1 : 0;
+    reason = g.reason;
+  }
+  UBEP_MPI_CHECK(s.rank, "Context()", MPI_Allreduce(&mine, &first, 1, MPI_2INT, MPI_MINLOC, s.comm));
+  if (first.ok) return;
+  throw Error(Errc::unsupported, s.prefix("Context()") + "UBEP_GPU=1, but rank " + std::to_string(first.rank) +
+                                     " has no usable GPU" + (mine.ok ? "" : " (" + reason + ")") +
+                                     "; every rank fails here (unset UBEP_GPU for a host-only job)");
+}
+
 void build(State& s, MPI_Comm user_comm) {
   const char* call = "Context()";
   int initialized = 0, fin = 0;
@@ -257,6 +278,7 @@ void build(State& s, MPI_Comm user_comm) {
        hash_text(s.options.ucx_mode)},
       {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
        "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)"});
+  check_gpu(s);
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
   MPI_Comm shared = MPI_COMM_NULL;

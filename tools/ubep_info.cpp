@@ -52,9 +52,15 @@ int main(int argc, char** argv) {
     const auto sched = ubep::parse_schedule(ctx.options().schedule);
 
     if (ctx.rank() == 0) {
+      // rank 0's GPUs: ubep-info asks CUDA (a job does only under UBEP_GPU=1 or when it asks itself)
+      const ubep::GpuStatus& gpu = ubep::gpu_status();
       nlohmann::json j;
       j["version"] = UBEP_VERSION_STRING;
       j["build"] = {{"hwloc", UBEP_HAVE_HWLOC == 1}, {"cuda", UBEP_HAVE_CUDA == 1}};
+      j["gpu"] = {{"available", gpu.available},
+                  {"devices", gpu.devices},
+                  {"cuda_error", gpu.cuda_error},
+                  {"reason", gpu.reason}};
       j["mpi"] = {{"library", lib},
                   {"standard", std::to_string(major) + "." + std::to_string(minor)},
                   {"thread_level", thread_level_name(ctx.thread_level())},
@@ -87,6 +93,7 @@ int main(int argc, char** argv) {
                   << "# window model:   node " << info.node_window_model << ", world " << info.world_window_model
                   << "\n"
                   << "# ranks / nodes:  " << n << " / " << ctx.topology().num_nodes() << "\n"
+                  << "# GPU:            " << gpu.reason << " (rank 0)\n"
                   << "# atomics:        "
                   << (ctx.atomics_through_mpi() ? "mpi (some peer is off-node or forced)"
                       : info.ucx.empty()        ? "load/store"

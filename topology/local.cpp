@@ -10,6 +10,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "base/gpu.hpp"
 #include "topology/model.hpp"
 #include "topology/slurm.hpp"
 #include "ubep/config.hpp"
@@ -17,9 +18,6 @@
 
 #if UBEP_HAVE_HWLOC
 #include <hwloc.h>
-#endif
-#if UBEP_HAVE_CUDA
-#include <cuda_runtime_api.h>
 #endif
 
 namespace ubep::detail {
@@ -137,24 +135,17 @@ int io_distance(hwloc_obj_t a, hwloc_obj_t b) {
 
 void scan_io(HostLayout::Impl& impl, bool use_cuda) {
   hwloc_topology_t topo = impl.topo;
-#if UBEP_HAVE_CUDA
-  int count = 0;
-  // Only the real machine has CUDA devices to match; error 35 (no driver) and friends mean "no GPU".
-  if (use_cuda && cudaGetDeviceCount(&count) == cudaSuccess) {
-    for (int d = 0; d < count; ++d) {
-      char busid[32] = {};
-      if (cudaDeviceGetPCIBusId(busid, sizeof busid, d) != cudaSuccess) break;
-      hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topo, busid);
+  // CUDA's device order, when CUDA is up already (someone asked for a GPU: topology never initializes it, so a
+  // host-only job leaves the driver alone) and this is the real machine, whose devices it can match.
+  if (use_cuda && detail::gpu::asked()) {
+    const std::vector<std::string> ids = detail::gpu::pci_bus_ids();
+    for (const std::string& busid : ids) {
+      hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topo, busid.c_str());
       if (!pci) break;
       impl.gpus.push_back(pci);
     }
-    if (static_cast<int>(impl.gpus.size()) != count) impl.gpus.clear();
-  } else {
-    cudaGetLastError();  // clear the sticky "no driver" error for whoever calls CUDA next
+    if (impl.gpus.size() != ids.size()) impl.gpus.clear();
   }
-#else
-  (void)use_cuda;
-#endif
   if (impl.gpus.empty()) {
     // PCI bus order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID (and for identical GPUs).
     for (hwloc_obj_t pci = nullptr; (pci = hwloc_get_next_pcidev(topo, pci));)

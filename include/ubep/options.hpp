@@ -51,6 +51,10 @@ struct Options {
   /// UBEP_PROGRESS_THREAD: 1 starts a thread that calls into MPI while the application computes, so
   /// RMA aimed at this rank keeps completing. Needs MPI_THREAD_MULTIPLE. Default 0.
   bool progress_thread = false;
+  /// UBEP_GPU: 1 initializes CUDA when a Context is created (ubep::gpu_status()), and every rank's
+  /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.
+  /// 0 (default): libubep leaves CUDA untouched until something asks for a GPU.
+  bool gpu = false;
   /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
   std::uint32_t progress_interval_us = 50;
   /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.

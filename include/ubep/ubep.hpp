@@ -5,6 +5,7 @@
 #include "ubep/config.hpp"
 #include "ubep/context.hpp"
 #include "ubep/error.hpp"
+#include "ubep/gpu.hpp"
 #include "ubep/moe.hpp"
 #include "ubep/options.hpp"
 #include "ubep/signal.hpp"

@@ -19,18 +19,12 @@
 namespace ubep {
 namespace {
 
-Options small_heap() {
-  Options o = Options::from_env();
-  o.heap_size = 8u << 20;
-  return o;
-}
-
 bool forced_mpi(const Context& ctx) {
   return ctx.options().transports.size() == 1 && ctx.options().transports[0] == "mpi";
 }
 
 TEST(PublicApi, InfoMatchesTheRouteTable) {
-  Context ctx(MPI_COMM_WORLD, small_heap());
+  Context ctx(MPI_COMM_WORLD, test::with_heap(8u << 20));
   const RuntimeInfo info = ctx.info();
   ASSERT_EQ(info.routes.size(), static_cast<std::size_t>(ctx.size()));
   std::set<std::string> used;
@@ -94,7 +88,7 @@ TEST(PublicApi, MpiErrorHelperNamesRankCallAndMpiText) {
 }
 
 TEST(PublicApi, DescribeTopologyIsPublic) {
-  Context ctx(MPI_COMM_WORLD, small_heap());
+  Context ctx(MPI_COMM_WORLD, test::with_heap(8u << 20));
   const std::string text = describe_topology(ctx.topology(), ScheduleKind::topology, false);
   EXPECT_NE(text.find("topology: " + std::to_string(ctx.size()) + " rank"), std::string::npos) << text;
   EXPECT_NE(text.find("schedule topology"), std::string::npos) << text;

@@ -9,8 +9,16 @@
 #include <string>
 
 #include "ubep/error.hpp"
+#include "ubep/options.hpp"
 
 namespace ubep::test {
+
+/// The options of the environment (UBEP_*), with a heap of `heap_bytes` per rank.
+inline Options with_heap(std::size_t heap_bytes) {
+  Options o = Options::from_env();
+  o.heap_size = heap_bytes;
+  return o;
+}
 
 /// Expects `fn` to throw ubep::Error with `code` and a message that contains every one of `parts`.
 inline void expect_error(Errc code, const std::function<void()>& fn, std::initializer_list<std::string> parts) {
