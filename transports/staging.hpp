@@ -56,8 +56,8 @@ class Wire {
 };
 
 struct Config {
-  std::size_t chunk_bytes = 1u << 20;  ///< UBEP_GPU_STAGING_CHUNK
-  int slots = 4;                       ///< per (origin, target) pair: chunks in flight
+  std::size_t chunk_bytes = 1u << 20;  ///< bytes per chunk and per slot
+  int slots = 4;                       ///< host slots per (origin, target) pair: the chunks in flight
 };
 
 /// The origin side toward one target: put(...) queues a transfer, progress() moves it on (call it until
