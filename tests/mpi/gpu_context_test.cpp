@@ -29,6 +29,7 @@ TEST(GpuContext, HostOnlyJobNeverInitializesCuda) {
     ctx.barrier();
     const int from = (ctx.rank() + ctx.size() - 1) % ctx.size();
     EXPECT_EQ(buf[1], 1000u + static_cast<std::uint64_t>(from));
+    ctx.finalize();
   }
   EXPECT_FALSE(detail::gpu::asked()) << "a host-only Context initialized CUDA";
 }
@@ -43,6 +44,7 @@ TEST(GpuContext, UbepGpuEitherBringsCudaUpOrFailsEveryRankTogether) {
     Context ctx(MPI_COMM_WORLD, o);
     EXPECT_TRUE(gpu_status().available);
     EXPECT_TRUE(detail::gpu::asked());
+    ctx.finalize();
   } else {
     try {
       Context ctx(MPI_COMM_WORLD, o);
@@ -66,6 +68,7 @@ TEST(GpuContext, UbepGpuEitherBringsCudaUpOrFailsEveryRankTogether) {
   ctx.atomic_add(word.data(), 1, 0);
   ctx.barrier();
   if (ctx.rank() == 0) EXPECT_EQ(ctx.atomic_fetch_add(word.data(), 0, 0), static_cast<std::uint64_t>(ctx.size()));
+  ctx.finalize();
 }
 
 }  // namespace
