@@ -1,7 +1,6 @@
 #include "ubep/gpu.hpp"
 
 #include <atomic>
-#include <mutex>
 #include <string>
 
 #include "base/gpu.hpp"

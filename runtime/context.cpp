@@ -218,23 +218,20 @@ void check_shared_memory(State& s, int host_size) {
   throw OutOfHeap(s.prefix("Context()") + what + "; lower UBEP_HEAP_SIZE or enlarge " + dir);
 }
 
-// UBEP_GPU=1: CUDA comes up here, and all ranks fail together when one has no usable GPU (a rank that
-// threw alone would leave the others in the next collective until their timeout).
+// UBEP_GPU=1 (agreed on by every rank): CUDA comes up here, and all ranks fail together when one has no usable
+// GPU (a rank that threw alone would leave the others in the next collective until their timeout). A
+// host-only job makes no call here.
 void check_gpu(State& s) {
-  std::string reason;
+  if (!s.options.gpu) return;
+  const GpuStatus& g = gpu_status();
   struct {
     int ok;
     int rank;
-  } mine{1, s.rank}, first{};
-  if (s.options.gpu) {
-    const GpuStatus& g = gpu_status();
-    mine.ok = g.available ? 1 : 0;
-    reason = g.reason;
-  }
+  } mine{g.available ? 1 : 0, s.rank}, first{};
   UBEP_MPI_CHECK(s.rank, "Context()", MPI_Allreduce(&mine, &first, 1, MPI_2INT, MPI_MINLOC, s.comm));
   if (first.ok) return;
   throw Error(Errc::unsupported, s.prefix("Context()") + "UBEP_GPU=1, but rank " + std::to_string(first.rank) +
-                                     " has no usable GPU" + (mine.ok ? "" : " (" + reason + ")") +
+                                     " has no usable GPU" + (mine.ok ? "" : " (" + g.reason + ")") +
                                      "; every rank fails here (unset UBEP_GPU for a host-only job)");
 }
 
@@ -275,9 +272,9 @@ void build(State& s, MPI_Comm user_comm) {
        s.options.mpi_signal_message ? 2
        : s.options.mpi_signal_put   ? 1
                                     : 0,
-       hash_text(s.options.ucx_mode)},
+       hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0},
       {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
-       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)"});
+       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU"});
   check_gpu(s);
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);

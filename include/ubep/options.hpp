@@ -53,7 +53,7 @@ struct Options {
   bool progress_thread = false;
   /// UBEP_GPU: 1 initializes CUDA when a Context is created (ubep::gpu_status()), and every rank's
   /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.
-  /// 0 (default): libubep leaves CUDA untouched until something asks for a GPU.
+  /// 0 (default): libubep leaves CUDA untouched until something asks for a GPU. Must match on every rank.
   bool gpu = false;
   /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
   std::uint32_t progress_interval_us = 50;
