@@ -27,7 +27,7 @@ if(NOT UBEP_FUZZ_LIBFUZZER_WORKS)
                       "(libclang_rt.fuzzer missing? apt-get install clang)")
 endif()
 
-add_compile_options(${UBEP_FUZZ_COMPILE_FLAGS})
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${UBEP_FUZZ_COMPILE_FLAGS}>")  # not for nvcc (transports/cuda/)
 add_link_options(${UBEP_FUZZ_LINK_FLAGS})
 
 # How long each CTest `fuzz` test runs its target, in seconds (scripts/fuzz.sh passes its argument).

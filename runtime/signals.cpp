@@ -12,20 +12,6 @@ namespace ubep {
 
 using detail::State;
 
-const char* to_string(SignalOp op) noexcept { return op == SignalOp::set ? "set" : "add"; }
-
-const char* to_string(Cmp cmp) noexcept {
-  switch (cmp) {
-    case Cmp::eq: return "==";
-    case Cmp::ne: return "!=";
-    case Cmp::gt: return ">";
-    case Cmp::ge: return ">=";
-    case Cmp::lt: return "<";
-    case Cmp::le: return "<=";
-  }
-  return "?";
-}
-
 namespace detail {
 namespace {
 AtomicOp atomic_of(SignalOp op) { return op == SignalOp::set ? AtomicOp::set : AtomicOp::add; }
