@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Every GPU check of ubep in one go, on a machine with an NVIDIA GPU (issue 15). It needs CUDA (nvcc), CMake,
+# a C++ compiler and Python; MPI, GoogleTest, CLI11 and nlohmann-json may be missing: then it unpacks
+# Debian's packages of them (made here with --fetch-debs) into a prefix, and runs Open MPI from there with
+# OPAL_PREFIX. No network is needed on the GPU machine.
+#
+#   tests/gpu/check.sh LOGDIR             build (build-gpu), run the checks, write LOGDIR/<step>.log and
+#                                         LOGDIR/summary.txt; exit 0 when every step passed
+#   tests/gpu/check.sh --fetch-debs DIR   (on a Debian 12 machine with apt, e.g. the build machine) download the
+#                                         packages into DIR (about 9 MB), to carry to the GPU machine
+#
+# Steps: environment (nvidia-smi, nvcc), MPI (installed, or unpacked from UBEP_GPU_DEBS), configure + build
+# (Release with debug info, warnings as errors, CUDA required), the PTX check (build.ptx_signal_orderings),
+# label gpu under UBEP_REQUIRE_GPU=1 (gpu.device_check, gpu.kernels_check: a skip is a failure), the GPU context
+# and public API tests under mpirun at 2 ranks, compute-sanitizer memcheck of gpu_kernels_check (when the tool is
+# there and the machine lets it run; "not run" otherwise, not a failure), then the unit label as a smoke test
+# of the build. Well under ten minutes on a 16-core machine (the build is most of it).
+#
+# Environment: UBEP_GPU_DEBS (default .gpu-debs in the source tree: the folder of .deb files), UBEP_GPU_BUILD
+# (default build-gpu), UBEP_GPU_PREFIX (default /tmp/ubep-gpu-prefix: where the packages are unpacked),
+# UBEP_GPU_USE_DEBS=1 (use the packages even where an MPI is installed: how the script is tested without a GPU
+# machine), UBEP_REQUIRE_GPU (default 1; 0 lets the gpu label skip, for that test).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+src=$PWD
+
+# What the GPU machine lacks, for --fetch-debs: Open MPI and its libraries, GoogleTest, CLI11, nlohmann-json.
+debs=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15
+  libpmix2 libucx0 libfabric1 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1
+  libnuma1 libmunge2 libltdl7 libpciaccess0 libgfortran5 libxnvctrl0 libgtest-dev libcli11-dev nlohmann-json3-dev)
+
+if [[ "${1:-}" == --fetch-debs ]]; then
+  dir=${2:?usage: tests/gpu/check.sh --fetch-debs DIR}
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  (cd /tmp && apt-get update -qq && cd "$dir" && apt-get download "${debs[@]}") || exit 1
+  echo "$(ls "$dir"/*.deb | wc -l) packages in $dir ($(du -sh "$dir" | cut -f1))"
+  exit 0
+fi
+if [[ $# -ne 1 || "$1" == -* ]]; then
+  sed -n '8,12p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+mkdir -p "$1"
+logs=$(cd "$1" && pwd)
+summary=$logs/summary.txt
+: >"$summary"
+failed=0
+build=${UBEP_GPU_BUILD:-build-gpu}
+export UBEP_REQUIRE_GPU=${UBEP_REQUIRE_GPU:-1}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 GTEST_COLOR=no
+export OMPI_MCA_osc=${OMPI_MCA_osc:-ucx,sm}
+jobs=$(nproc)
+
+# step NAME COMMAND...: runs COMMAND with its output in LOGDIR/NAME.log, one line in the summary.
+# Exit status 77 of the command is "not run" (with the log's last line as the reason), not a failure.
+step() {
+  local name=$1
+  shift
+  local t0=$SECONDS rc
+  echo "== $name"
+  "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  local line
+  if ((rc == 0)); then
+    line="ok       $name ($((SECONDS - t0)) s)"
+  elif ((rc == 77)); then
+    line="not run  $name: $(tail -n 1 "$logs/$name.log")"
+  else
+    line="FAILED   $name (exit $rc, $((SECONDS - t0)) s): see $name.log"
+    failed=1
+    tail -n 30 "$logs/$name.log"
+  fi
+  echo "$line" | tee -a "$summary"
+  return $rc
+}
+
+environment() {
+  uname -a
+  command -v nvidia-smi >/dev/null && nvidia-smi -L && nvidia-smi --query-gpu=driver_version,memory.total --format=csv
+  nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  "$nvcc_bin" --version
+  cmake --version | head -n 1
+  c++ --version | head -n 1
+  python3 --version
+}
+
+# MPI, GoogleTest, CLI11, nlohmann-json: installed, or unpacked from the packages into the prefix.
+mpi_cxx=$(command -v mpicxx || true)
+mpi_exec=$(command -v mpiexec || true)
+prepare_mpi() {
+  if [[ -n "$mpi_cxx" && -n "$mpi_exec" && "${UBEP_GPU_USE_DEBS:-0}" != 1 ]]; then
+    echo "MPI installed: $mpi_cxx, $mpi_exec"
+    "$mpi_exec" --version | head -n 1
+    return 0
+  fi
+  local dir=${UBEP_GPU_DEBS:-$src/.gpu-debs}
+  local n
+  n=$(ls "$dir"/*.deb 2>/dev/null | wc -l)
+  if ((n == 0)); then
+    echo "no MPI here and no packages in $dir: run tests/gpu/check.sh --fetch-debs $dir on a Debian 12 machine"
+    return 1
+  fi
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  for f in "$dir"/*.deb; do dpkg-deb -x "$f" "$prefix" || return 1; done
+  echo "unpacked $n packages from $dir into $prefix"
+  "$prefix/usr/bin/mpiexec.openmpi" --version | head -n 1
+}
+prefix=${UBEP_GPU_PREFIX:-/tmp/ubep-gpu-prefix}
+step environment environment
+step mpi prepare_mpi || {
+  echo "cannot go on without MPI" | tee -a "$summary"
+  exit 1
+}
+cmake_mpi=()
+if [[ -x "$prefix/usr/bin/mpiexec.openmpi" && ("${UBEP_GPU_USE_DEBS:-0}" == 1 || -z "$mpi_cxx" || -z "$mpi_exec") ]]; then
+  lib=$prefix/usr/lib/x86_64-linux-gnu
+  export OPAL_PREFIX=$prefix/usr
+  export PATH=$prefix/usr/bin:$PATH
+  export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Debian's MCA defaults (pml ob1, no osc pt2pt) live in /etc/openmpi, which OPAL_PREFIX does not move.
+  export OMPI_MCA_mca_base_param_files=$prefix/etc/openmpi/openmpi-mca-params.conf
+  cmake_mpi=(-DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.openmpi"
+    -DCMAKE_PREFIX_PATH="$prefix/usr")
+fi
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+configure() {
+  local nvcc_bin
+  nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=ON \
+    -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DUBEP_BUILD_BENCH=OFF "${cmake_mpi[@]}" &&
+    cmake --build "$build" -j "$jobs"
+}
+step build configure || {
+  echo "cannot go on without a build" | tee -a "$summary"
+  exit 1
+}
+step ptx ctest --test-dir "$build" --output-on-failure -R '^build\.ptx_signal_orderings$' --no-tests=error
+step gpu ctest --test-dir "$build" --output-on-failure -L gpu --no-tests=error
+step mpi_gpu ctest --test-dir "$build" --output-on-failure --no-tests=error \
+  -R '^(gpu_context_test|public_api_test)\.np2$'
+memcheck() {
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [[ -z "$cs" ]]; then
+    echo "compute-sanitizer is not installed"
+    return 77
+  fi
+  "$cs" --tool memcheck --error-exitcode 3 "$build/tests/gpu_kernels_check"
+  local rc=$?
+  # The tool refuses some virtualized devices ("Device not supported"): that is no finding about ubep.
+  if ((rc != 0 && rc != 3)) && grep -q "Device not supported" "$logs/memcheck.log"; then
+    echo "compute-sanitizer does not support this device"
+    return 77
+  fi
+  return $rc
+}
+step memcheck memcheck
+step unit ctest --test-dir "$build" --output-on-failure -L unit -j "$jobs"
+
+echo "== summary ($summary)"
+cat "$summary"
+exit $failed
