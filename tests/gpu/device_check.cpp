@@ -2,29 +2,22 @@
 // driver entry point ubep uses resolves (base/gpu_driver.hpp), and each device has a PCI bus id. Without a GPU
 // it exits 77 (CTest: skipped) with one line saying why; UBEP_REQUIRE_GPU=1 makes that a failure.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 
 #include "base/gpu.hpp"
 #include "base/gpu_driver.hpp"
+#include "tests/gpu/require_gpu.hpp"
 #include "ubep/config.hpp"
 #include "ubep/gpu.hpp"
 
 int main() {
+  if (const auto code = ubep::test::exit_without_gpu()) return *code;
   const ubep::GpuStatus& s = ubep::gpu_status();
-  if (!s.available) {
-    const char* require = std::getenv("UBEP_REQUIRE_GPU");
-    const bool required = require && std::strcmp(require, "1") == 0;
-    std::printf("%s: %s\n", required ? "FAIL (UBEP_REQUIRE_GPU=1)" : "skipped", s.reason.c_str());
-    return required ? 1 : 77;
-  }
   int failures = 0;
   const auto check = [&](bool ok, const char* what) {
     std::printf("%s: %s\n", ok ? "ok" : "FAIL", what);
     failures += ok ? 0 : 1;
   };
-  std::printf("%s\n", s.reason.c_str());
   check(s.devices > 0 && s.cuda_error == 0, "gpu_status(): devices, no error");
   check(ubep::detail::gpu::pci_bus_ids().size() == static_cast<std::size_t>(s.devices), "a PCI bus id per device");
 #if UBEP_HAVE_CUDA

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/gpu/require_gpu.hpp"
 #include "transports/cuda/signal_kernels.hpp"
 #include "ubep/gpu.hpp"
 
@@ -60,14 +61,7 @@ std::uint64_t host_acquire(const std::uint64_t* p) {
 }  // namespace
 
 int main() {
-  const ubep::GpuStatus& s = ubep::gpu_status();
-  if (!s.available) {
-    const char* require = std::getenv("UBEP_REQUIRE_GPU");
-    const bool required = require && std::strcmp(require, "1") == 0;
-    std::printf("%s: %s\n", required ? "FAIL (UBEP_REQUIRE_GPU=1)" : "skipped", s.reason.c_str());
-    return required ? 1 : 77;
-  }
-  std::printf("%s\n", s.reason.c_str());
+  if (const auto code = ubep::test::exit_without_gpu()) return *code;
   constexpr std::size_t kMax = std::size_t{1} << 20;
   char *src = nullptr, *dst = nullptr;
   std::uint64_t* sig = nullptr;
