@@ -20,6 +20,7 @@ const char* to_string(Errc code) noexcept {
     case Errc::unsupported: return "unsupported";
     case Errc::mpi: return "mpi";
     case Errc::internal: return "internal";
+    case Errc::cuda: return "cuda";
   }
   return "unknown";
 }

@@ -13,6 +13,7 @@
 
 #include "base/log.hpp"
 #include "base/mpi_check.hpp"
+#include "runtime/gpu_streams.hpp"
 #include "runtime/state.hpp"
 #include "ubep/config.hpp"
 #include "ubep/gpu.hpp"
@@ -117,7 +118,8 @@ State::~State() { stop_progress_thread(); }
 
 void State::teardown() noexcept {
   stop_progress_thread();
-  ucx.reset();  // local: every rank quiesced before the agreement of finalize()
+  gpu_streams.reset();  // CUDA's registrations of the heaps go before the windows that hold them
+  ucx.reset();          // local: every rank quiesced before the agreement of finalize()
   if (mpi) mpi->close();
   if (world_win != MPI_WIN_NULL) {
     MPI_Win_unlock_all(world_win);

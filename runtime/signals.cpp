@@ -205,6 +205,11 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
 }
 
 }  // namespace
+
+void State::check_wait(const char* call, std::span<const std::uint64_t> sigs, const WaitOptions& opts) const {
+  check_signals(*this, call, sigs, Targets{0, {}}, opts);
+}
+
 }  // namespace detail
 
 using detail::Mode;

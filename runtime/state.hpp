@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "ubep/topology.hpp"
 
 namespace ubep::detail {
+
+struct GpuStreams;  // runtime/gpu_streams.hpp
 
 /// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
 /// mismatched calls are reported instead of corrupting memory or hanging.
@@ -93,6 +96,9 @@ class State {
   std::thread progress_thread;
   std::atomic<bool> progress_stop{false};
 
+  /// The stream-ordered calls' registrations and wait slots (runtime/stream.cpp); null until the first one.
+  std::unique_ptr<GpuStreams> gpu_streams;
+
   // ---- checks (each throws ubep::Error naming rank, call and value) ----
   std::string prefix(const char* call) const;
   [[noreturn]] void fail(Errc code, const char* call, const std::string& what) const;
@@ -120,6 +126,8 @@ class State {
     return check_range(call, addr, 8);
   }
   [[noreturn]] void fail_misaligned(const char* call, const void* addr) const;
+  /// The argument checks of a wait on `sigs` (alive, range, alignment, WaitOptions::writers); signals.cpp.
+  void check_wait(const char* call, std::span<const std::uint64_t> sigs, const WaitOptions& opts) const;
   /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
   std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family);
   Transport& data_route(int pe) const { return *transport_of[pe]; }

@@ -84,6 +84,7 @@
 #include "ubep/error.hpp"
 #include "ubep/options.hpp"
 #include "ubep/signal.hpp"
+#include "ubep/stream.hpp"
 #include "ubep/symmetric.hpp"
 
 namespace ubep {
@@ -465,6 +466,39 @@ class Context {
   /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
   /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
   std::vector<std::size_t> test_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
+
+  // ---- GPU streams (stream.hpp says what holds) --------------------------------------------------------
+  /// When `stream` reaches this call: copies `bytes` from `src` (memory the GPU can read: device memory, or
+  /// host memory that is pinned and mapped) to symmetric `dest` on `pe`, then updates the signal `sig` on
+  /// `pe`; any rank that observes the update sees the data. `pe` must be reached by load/store (route self
+  /// or shm with load/store atomics), else Errc::unsupported. A set is a release store at system scope from
+  /// the GPU (payloads up to 64 KiB: one kernel, larger: the copy engines, then the store); an add is a CPU
+  /// release add from a host callback of the stream. Throws as put_signal for bad arguments (rank, range,
+  /// alignment), Errc::unsupported without a GPU (with gpu_status()'s reason) or in a build without ubep's
+  /// kernels, Errc::cuda (CUDA's error code and name) when CUDA refuses a call.
+  /// @note Local completion: on return nothing has happened yet: `src` is read when the stream reaches the
+  /// call and must stay valid until then. Remote completion: data, then signal, when the stream reaches it
+  /// (cudaStreamSynchronize or an event after it tells when). Blocks: no (the first stream call of the
+  /// context also registers the node's host heaps with CUDA). Communicates: with pe, through its memory;
+  /// no MPI. Thread-safe: no (as every Context call).
+  void put_signal_on_stream(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
+                            SignalOp op, int pe, GpuStream stream);
+  /// A signal update alone, when `stream` reaches it: after everything the stream did before (kernels,
+  /// copies), as put_signal_on_stream with no data. Throws as put_signal_on_stream.
+  /// @note Local completion: on return nothing has happened yet. Remote completion: when the stream reaches
+  /// it. Blocks: no. Communicates: with pe, through its memory; no MPI.
+  void signal_op_on_stream(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe, GpuStream stream);
+  /// Holds `stream` until the local signal satisfies `*sig <cmp> value` or the deadline (opts.timeout, else
+  /// UBEP_WAIT_TIMEOUT; 0 = none) passes on the GPU's clock; either way the stream then goes on, and the
+  /// returned StreamWait says which (its result() throws Errc::timeout with the report). The word is polled
+  /// by the GPU with acquire loads at system scope: the data of the put_signal that satisfied it is visible
+  /// to the work the stream runs after it. Throws as wait_until for bad arguments, and as
+  /// put_signal_on_stream without a GPU or kernels.
+  /// @note Local completion: on return the wait is enqueued; it ends when the stream reaches it and the
+  /// condition holds or the deadline passes. Remote completion: none. Blocks: no (the stream does, one
+  /// thread of one block, at most the deadline). Communicates: no.
+  [[nodiscard]] StreamWait wait_until_on_stream(const std::uint64_t* sig, Cmp cmp, std::uint64_t value,
+                                                GpuStream stream, const WaitOptions& opts = {});
 
   /// Lets MPI progress and delivers deferred signals; for long loops that do not otherwise call ubep.
   /// @note Local completion: none of its own (delivering deferred signals completes the data in flight to the

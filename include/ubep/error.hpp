@@ -24,6 +24,7 @@ enum class Errc : int {
   unsupported,           ///< a feature this build or this MPI does not provide
   mpi,                   ///< an MPI call failed; native() is the MPI error code
   internal,              ///< a broken invariant inside ubep: please report it
+  cuda,                  ///< a CUDA call failed; native() is its cudaError_t
 };
 
 /// Short name of an error code ("timeout", "out_of_range", ...).
@@ -34,7 +35,7 @@ class Error : public std::runtime_error {
  public:
   Error(Errc code, std::string message, int native = 0);
   Errc code() const noexcept { return code_; }
-  /// The native error code (the MPI error code for Errc::mpi), 0 otherwise.
+  /// The native error code (the MPI error code for Errc::mpi, the cudaError_t for Errc::cuda), 0 otherwise.
   int native() const noexcept { return native_; }
 
  private:

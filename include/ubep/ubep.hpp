@@ -9,5 +9,6 @@
 #include "ubep/moe.hpp"
 #include "ubep/options.hpp"
 #include "ubep/signal.hpp"
+#include "ubep/stream.hpp"
 #include "ubep/symmetric.hpp"
 #include "ubep/topology.hpp"
