@@ -19,6 +19,17 @@ struct StreamWaitSlot {
   cuda::StreamWaitStatus* device = nullptr;
 };
 
+/// A host address range [begin, end) and the peers whose heaps it holds.
+struct HostRange {
+  std::uintptr_t begin = 0, end = 0;
+  std::vector<int> pes;
+};
+
+/// The ranges sorted by address and merged wherever two share or touch a page of `page` bytes (CUDA refuses
+/// two registrations of one page): what the first stream call registers, one cudaHostRegister per range.
+/// Ranges further apart stay apart (the gap between them may not be mapped).
+std::vector<HostRange> merge_host_ranges(std::vector<HostRange> ranges, std::uintptr_t page);
+
 struct GpuStreams {
   /// Per peer: the device address of its mapped heap (route self or shm), else null.
   std::vector<char*> device_heap;

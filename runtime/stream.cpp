@@ -28,6 +28,21 @@ GpuStreams::~GpuStreams() {
 #endif
 }
 
+std::vector<HostRange> merge_host_ranges(std::vector<HostRange> ranges, std::uintptr_t page) {
+  std::sort(ranges.begin(), ranges.end(), [](const HostRange& a, const HostRange& b) { return a.begin < b.begin; });
+  std::vector<HostRange> merged;
+  for (HostRange& r : ranges) {
+    // The page holding r's first byte is at or before the page holding the last one's last byte (+1: touching).
+    if (!merged.empty() && r.begin / page <= (merged.back().end + page - 1) / page) {
+      merged.back().end = std::max(merged.back().end, r.end);
+      merged.back().pes.insert(merged.back().pes.end(), r.pes.begin(), r.pes.end());
+    } else {
+      merged.push_back(std::move(r));
+    }
+  }
+  return merged;
+}
+
 namespace {
 
 /// Payloads up to this size go with the signal in one kernel; larger ones through the copy engines.
@@ -45,35 +60,22 @@ void check_cuda(const State& s, const char* call, int rc, const char* what) {
 /// The node's mapped heaps registered with CUDA, merged where their pages touch (two registrations may not
 /// share a page); the device address of each peer's heap.
 void register_heaps(State& s, const char* call, GpuStreams& g) {
-  struct Range {
-    std::uintptr_t begin, end;
-    std::vector<int> pes;
-  };
-  const std::uintptr_t page = 4096;
-  std::vector<Range> ranges;
+  std::vector<HostRange> ranges;
   for (int pe = 0; pe < s.size; ++pe) {
     if (const char* m = s.mapped[pe]) {
       const auto b = reinterpret_cast<std::uintptr_t>(m);
       ranges.push_back({b, b + s.heap_size, {pe}});
     }
   }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  std::vector<Range> merged;
-  for (Range& r : ranges) {
-    if (!merged.empty() && r.begin / page <= (merged.back().end + page - 1) / page) {
-      merged.back().end = std::max(merged.back().end, r.end);
-      merged.back().pes.insert(merged.back().pes.end(), r.pes.begin(), r.pes.end());
-    } else {
-      merged.push_back(std::move(r));
-    }
-  }
+  const std::vector<HostRange> merged = merge_host_ranges(std::move(ranges), 4096);
   g.device_heap.assign(s.size, nullptr);
-  for (const Range& r : merged) {
+  for (const HostRange& r : merged) {
     void* device = nullptr;
     auto* host = reinterpret_cast<void*>(r.begin);
-    check_cuda(s, call, cuda::register_host(host, r.end - r.begin, &device),
-               "cudaHostRegister of the node's symmetric heaps");
-    g.registered.push_back(host);
+    bool here = false;
+    const int rc = cuda::register_host(host, r.end - r.begin, &device, &here);
+    if (here) g.registered.push_back(host);  // undone by ~GpuStreams, also when the next line throws
+    check_cuda(s, call, rc, "cudaHostRegister of the node's symmetric heaps");
     for (int pe : r.pes) {
       g.device_heap[pe] = static_cast<char*>(device) + (reinterpret_cast<std::uintptr_t>(s.mapped[pe]) - r.begin);
     }
@@ -88,8 +90,9 @@ GpuStreams& stream_peer(State& s, const char* call, int pe) {
     std::string why = "rank " + std::to_string(pe) + " is on the " + to_string(s.routes[pe]) + " route";
     if (s.mapped[pe] != nullptr) why = "the signals to rank " + std::to_string(pe) + " go through MPI";
     s.fail(Errc::unsupported, call,
-           why + ": stream-ordered calls reach peers by load/store only (route self or shm, load/store "
-                 "atomics); the staged path to other nodes is not built yet");
+           why +
+               ": stream-ordered calls reach peers by load/store only (route self or shm, load/store "
+               "atomics); the staged path to other nodes is not built yet");
   }
 #if UBEP_HAVE_CUDA_KERNELS
   if (!s.gpu_streams) {
@@ -141,7 +144,8 @@ StreamWaitSlot* take_slot(State& s, const char* call, GpuStreams& g) {
                "cudaHostAlloc of stream-wait slots");
     g.blocks.push_back(host);
     for (std::size_t i = 0; i < kSlotsPerBlock; ++i) {
-      g.slots.push_back({static_cast<cuda::StreamWaitStatus*>(host) + i, static_cast<cuda::StreamWaitStatus*>(device) + i});
+      g.slots.push_back(
+          {static_cast<cuda::StreamWaitStatus*>(host) + i, static_cast<cuda::StreamWaitStatus*>(device) + i});
       g.free_slots.push_back(&g.slots.back());
     }
   }
@@ -214,9 +218,9 @@ StreamWait Context::wait_until_on_stream(const std::uint64_t* sig, Cmp cmp, std:
   detail::StreamWaitSlot* slot = detail::take_slot(s, call, g);
   const double ns = w.timeout_s * 1e9;
   const std::uint64_t timeout_ns = ns <= 0 ? 0 : ns >= 1.8e19 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(ns);
-  const int rc = detail::cuda::wait_until_async(
-      stream, reinterpret_cast<const std::uint64_t*>(g.device_heap[s.rank] + w.offset), cmp, value, timeout_ns,
-      slot->device);
+  const int rc =
+      detail::cuda::wait_until_async(stream, reinterpret_cast<const std::uint64_t*>(g.device_heap[s.rank] + w.offset),
+                                     cmp, value, timeout_ns, slot->device);
   if (rc != 0) g.free_slots.push_back(slot);
   detail::check_cuda(s, call, rc, "the wait kernel's launch");
   return StreamWait(state_, slot, std::move(w));

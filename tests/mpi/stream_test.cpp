@@ -44,12 +44,14 @@ TEST(StreamCalls, BadArgumentsAreReportedFirst) {
   const std::string me = "rank " + std::to_string(ctx.rank()) + ": ";
   GpuStream stream = nullptr;
   std::uint64_t outside = 0;
-  test::expect_error(Errc::out_of_range,
-                     [&] { ctx.put_signal_on_stream(data.data(), &outside, 8, sig.data(), 1, SignalOp::set, ctx.size(), stream); },
-                     {me + "put_signal_on_stream: ", "target rank " + std::to_string(ctx.size())});
-  test::expect_error(Errc::out_of_range,
-                     [&] { ctx.put_signal_on_stream(data.data() + 15, &outside, 16, sig.data(), 1, SignalOp::set, 0, stream); },
-                     {me + "put_signal_on_stream: "});
+  test::expect_error(
+      Errc::out_of_range,
+      [&] { ctx.put_signal_on_stream(data.data(), &outside, 8, sig.data(), 1, SignalOp::set, ctx.size(), stream); },
+      {me + "put_signal_on_stream: ", "target rank " + std::to_string(ctx.size())});
+  test::expect_error(
+      Errc::out_of_range,
+      [&] { ctx.put_signal_on_stream(data.data() + 15, &outside, 16, sig.data(), 1, SignalOp::set, 0, stream); },
+      {me + "put_signal_on_stream: "});
   test::expect_error(Errc::not_symmetric,
                      [&] { ctx.put_signal_on_stream(&outside, &outside, 8, sig.data(), 1, SignalOp::set, 0, stream); },
                      {me + "put_signal_on_stream: "});
@@ -92,9 +94,10 @@ TEST(StreamCalls, WithoutTheGpuPathEveryCallSaysWhy) {
     test::expect_error(Errc::unsupported, [&] { ctx.signal_op_on_stream(sig.data(), 1, SignalOp::add, pe, nullptr); },
                        {me + "signal_op_on_stream: ", why});
     if (!load_store) {
-      test::expect_error(Errc::unsupported,
-                         [&] { ctx.put_signal_on_stream(data.data(), &v, 8, sig.data(), 1, SignalOp::set, pe, nullptr); },
-                         {path_of(pe)});
+      test::expect_error(
+          Errc::unsupported,
+          [&] { ctx.put_signal_on_stream(data.data(), &v, 8, sig.data(), 1, SignalOp::set, pe, nullptr); },
+          {path_of(pe)});
     }
   }
   test::expect_error(Errc::unsupported, [&] { (void)ctx.wait_until_on_stream(sig.data(), Cmp::ge, 1, nullptr); },
@@ -206,8 +209,8 @@ TEST_F(GpuStreams, StreamWaitsForACpuSignalAndItsDeadline) {
   CUDA_OK(cudaStreamSynchronize(stream));
   ASSERT_TRUE(late.done());
   test::expect_error(Errc::timeout, [&] { (void)late.result(); },
-                     {"rank " + std::to_string(ctx.rank()) + ": StreamWait::result: timeout after",
-                      "waiting for == 99", "expected writer: rank " + std::to_string(from)});
+                     {"rank " + std::to_string(ctx.rank()) + ": StreamWait::result: timeout after", "waiting for == 99",
+                      "expected writer: rank " + std::to_string(from)});
   ctx.barrier();
   CUDA_OK(cudaStreamDestroy(stream));
   CUDA_OK(cudaFree(dev));

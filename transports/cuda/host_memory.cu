@@ -1,12 +1,17 @@
 // The CUDA runtime calls of transports/cuda/host_memory.hpp.
-#include "transports/cuda/host_memory.hpp"
-
 #include <cuda_runtime_api.h>
+
+#include "transports/cuda/host_memory.hpp"
 
 namespace ubep::detail::cuda {
 
-int register_host(void* ptr, std::size_t bytes, void** device) {
+int register_host(void* ptr, std::size_t bytes, void** device, bool* registered_here) {
   cudaError_t rc = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  *registered_here = rc == cudaSuccess;
+  if (rc == cudaErrorHostMemoryAlreadyRegistered) {
+    cudaGetLastError();  // not sticky, but cleared so that a later launch check does not see it
+    rc = cudaSuccess;
+  }
   if (rc == cudaSuccess) rc = cudaHostGetDevicePointer(device, ptr, 0);
   return static_cast<int>(rc);
 }

@@ -9,8 +9,9 @@
 namespace ubep::detail::cuda {
 
 /// Page-locks [ptr, ptr + bytes) for every device (cudaHostRegister, portable + mapped) and returns in
-/// `*device` the address the GPU uses for `ptr`.
-int register_host(void* ptr, std::size_t bytes, void** device);
+/// `*device` the address the GPU uses for `ptr`. Memory the process registered before (the application, a
+/// CUDA-aware MPI) is used as it is: `*registered_here` is then false, and it must not be unregistered.
+int register_host(void* ptr, std::size_t bytes, void** device, bool* registered_here);
 /// Undoes register_host.
 int unregister_host(void* ptr);
 /// `bytes` of pinned host memory mapped for every device (cudaHostAlloc, portable + mapped): the host
