@@ -26,9 +26,9 @@ TEST(StreamRanges, ContiguousHeapsOfANodeBecomeOneRange) {
 
 TEST(StreamRanges, HeapsSharingAPageAreMergedOthersStayApart) {
   const std::vector<HostRange> in = {
-      {0x300000, 0x300000 + 5000, {2}},           // far away: its own range
-      {0x100000, 0x100000 + 100, {0}},            // ends inside page 0x100000
-      {0x100000 + 200, 0x100000 + 8192, {1}},     // starts in that page: merged
+      {0x300000, 0x300000 + 5000, {2}},              // far away: its own range
+      {0x100000, 0x100000 + 100, {0}},               // ends inside page 0x100000
+      {0x100000 + 200, 0x100000 + 8192, {1}},        // starts in that page: merged
       {0x100000 + 8192 + 4096, 0x104000 + 64, {3}},  // a whole page apart: not merged
   };
   const auto out = merge_host_ranges(in, kPage);
