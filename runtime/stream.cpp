@@ -3,7 +3,6 @@
 // registrations made at the first call; the kernels and CUDA calls are transports/cuda/'s.
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <sstream>
 #include <utility>
 

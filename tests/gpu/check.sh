@@ -7,7 +7,7 @@
 #   tests/gpu/check.sh LOGDIR             build (build-gpu), run the checks, write LOGDIR/<step>.log and
 #                                         LOGDIR/summary.txt; exit 0 when every step passed
 #   tests/gpu/check.sh --fetch-debs DIR   (on a Debian 12 machine with apt, e.g. the build machine) download the
-#                                         packages into DIR (about 9 MB), to carry to the GPU machine
+#                                         packages into DIR (about 10 MB), to carry to the GPU machine
 #
 # Steps: environment (nvidia-smi, nvcc), MPI (installed, or unpacked from UBEP_GPU_DEBS), configure + build
 # (Release with debug info, warnings as errors, CUDA required), the PTX check (build.ptx_signal_orderings),
@@ -25,9 +25,12 @@ cd "$(dirname "$0")/../.."
 src=$PWD
 
 # What the GPU machine lacks, for --fetch-debs: Open MPI and its libraries, GoogleTest, CLI11, nlohmann-json.
+# Every library they load that an Ubuntu or Debian base system may lack (checked with readelf: what is left
+# is libc, libm, libstdc++, libgcc_s, libz, libudev, libuuid).
 debs=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15
-  libpmix2 libucx0 libfabric1 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1
-  libnuma1 libmunge2 libltdl7 libpciaccess0 libgfortran5 libxnvctrl0 libgtest-dev libcli11-dev nlohmann-json3-dev)
+  libpmix2 libucx0 libfabric1 libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2
+  libpsm-infinipath1 libnuma1 libmunge2 libltdl7 libpciaccess0 libgfortran5 libquadmath0 libatomic1 libgtest-dev
+  libcli11-dev nlohmann-json3-dev)
 
 if [[ "${1:-}" == --fetch-debs ]]; then
   dir=${2:?usage: tests/gpu/check.sh --fetch-debs DIR}
@@ -104,6 +107,9 @@ prepare_mpi() {
   rm -rf "$prefix"
   mkdir -p "$prefix"
   for f in "$dir"/*.deb; do dpkg-deb -x "$f" "$prefix" || return 1; done
+  # The link Debian's alternatives make at install time (libfabric and Open MPI's psm component need it).
+  local psm=$prefix/usr/lib/libpsm1/libpsm_infinipath.so.1.16
+  [[ -f "$psm" ]] && ln -sf "$psm" "$prefix/usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1"
   echo "unpacked $n packages from $dir into $prefix"
   "$prefix/usr/bin/mpiexec.openmpi" --version | head -n 1
 }
