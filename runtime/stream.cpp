@@ -245,11 +245,13 @@ StreamWait& StreamWait::operator=(StreamWait&& other) noexcept {
   return *this;
 }
 
+#if UBEP_HAVE_CUDA_KERNELS
 namespace {
 std::uint64_t slot_state(const detail::StreamWaitSlot* slot) {
   return std::atomic_ref<std::uint64_t>(slot->host->state).load(std::memory_order_acquire);
 }
 }  // namespace
+#endif
 
 StreamWait::~StreamWait() {
   if (!state_ || !slot_ || state_->finalized || !state_->gpu_streams) return;
