@@ -4,7 +4,7 @@
 #   2. the default build (Open MPI): unit, mpi (2/3/4 ranks, default and forced-mpi routes),
 #      install/consumer, bench-smoke, multinode (emulated nodes; needs root and ip netns), the resource
 #      limits (limits_test, the 4 GiB transfer), the fault jobs (label faults) and a 60 s soak (label soak)
-#   3. an MPICH build in its own tree (build-mpich): unit, install/consumer, and the mpi tests at 2 ranks
+#   3. an MPICH build in its own tree (build-mpich): unit, install.consumer, and the mpi tests at 2 ranks
 #      (default and forced-mpi routes); MPICH busy-polls, so it never gets more ranks than this machine's
 #      2 cores (no np3/np4 tests, one MPI job at a time; not the 4 GiB transfer)
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build in its own tree: unit + mpi tests
@@ -42,9 +42,12 @@ if [[ "${UBEP_TEST_SKIP_MPICH:-0}" != 1 ]]; then
   cmake --build build-mpich -j "$JOBS"
   echo "== tests (build-mpich): unit, install, mpi at 2 ranks"
   # Every test that starts ranks declares PROCESSORS = its rank count, so -j "$JOBS" never runs more MPICH
-  # ranks at once than there are cores. The multinode suites registered in this tree are not run here.
+  # ranks at once than there are cores. The multinode suites registered in this tree are not run here, nor
+  # the static-archive and subproject builds of libubep (install.consumer.static, install.subproject: a
+  # library build each, about 50 s, testing packaging that does not depend on the MPI; the default tree runs
+  # them, and install.consumer runs here: find_package(ubep) and pkg-config against MPICH).
   ctest --test-dir build-mpich --output-on-failure -j "$JOBS" -L "unit|mpi" -LE multinode \
-    -E '\.np([013-9]|[1-9][0-9]+)(\.|$)|\.big(\.|$)' --timeout 600
+    -E '\.np([013-9]|[1-9][0-9]+)(\.|$)|\.big(\.|$)|^install\.(consumer\.static|subproject)$' --timeout 600
 fi
 
 if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
