@@ -16,6 +16,8 @@ namespace ubep::detail::gpu {
 /// ABI as of that CUDA version (its PFN_<symbol>_v<version> type; the version asked for at run time).
 #define UBEP_GPU_DRIVER_FUNCTIONS(X)                                      \
   X(get_error_name, cuGetErrorName, 6000)                                 \
+  X(device_get, cuDeviceGet, 2000)                                        \
+  X(device_get_attribute, cuDeviceGetAttribute, 2000)                     \
   X(stream_write_value64, cuStreamWriteValue64, 11070)                    \
   X(stream_wait_value64, cuStreamWaitValue64, 11070)                      \
   X(mem_create, cuMemCreate, 10020)                                       \

@@ -147,6 +147,10 @@ Options Options::from_env() {
   }
   if (const char* v = env("UBEP_PROGRESS_THREAD")) o.progress_thread = parse_bool(v, "UBEP_PROGRESS_THREAD");
   if (const char* v = env("UBEP_GPU")) o.gpu = parse_bool(v, "UBEP_GPU");
+  if (const char* v = env("UBEP_GPU_HEAP_SIZE")) {
+    o.gpu_heap_size = parse_size(v, "UBEP_GPU_HEAP_SIZE");
+    if (o.gpu_heap_size == 0) bad("UBEP_GPU_HEAP_SIZE", v, "must be positive");
+  }
   if (const char* v = env("UBEP_PROGRESS_INTERVAL_US")) {
     o.progress_interval_us = parse_u32(v, "UBEP_PROGRESS_INTERVAL_US");
   }
@@ -204,6 +208,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back(std::string("UBEP_PROGRESS_THREAD=") + (progress_thread ? "1" : "0"));
   out.push_back("UBEP_PROGRESS_INTERVAL_US=" + std::to_string(progress_interval_us));
   out.push_back(std::string("UBEP_GPU=") + (gpu ? "1" : "0"));
+  out.push_back("UBEP_GPU_HEAP_SIZE=" + std::to_string(gpu_heap_size));
   out.push_back("UBEP_VIRTUAL_NODES=" + virtual_nodes);
   out.push_back("UBEP_SCHEDULE=" + schedule);
   out.push_back("UBEP_TOPOLOGY_FILE=" + topology_file);

@@ -98,6 +98,7 @@ const char* to_string(CollKind kind) noexcept {
     case CollKind::finalize: return "finalize";
     case CollKind::moe_setup: return "moe setup";
     case CollKind::user: return "collective";
+    case CollKind::alloc_device: return "alloc_device";
   }
   return "unknown collective";
 }

@@ -13,6 +13,7 @@
 
 #include "base/log.hpp"
 #include "base/mpi_check.hpp"
+#include "runtime/device_memory.hpp"
 #include "runtime/gpu_streams.hpp"
 #include "runtime/state.hpp"
 #include "ubep/config.hpp"
@@ -29,33 +30,46 @@ std::string State::prefix(const char* call) const { return message_prefix(rank, 
 
 void State::fail(Errc code, const char* call, const std::string& what) const { throw Error(code, prefix(call) + what); }
 
-std::size_t State::check_range_slow(const char* call, const void* addr, std::size_t bytes) const {
+std::size_t check_heap_range(const State& s, const char* call, const void* addr, std::size_t bytes, const char* base,
+                             std::size_t size, const HeapAllocator& heap, const char* name, const char* hint) {
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
   const auto b = reinterpret_cast<std::uintptr_t>(base);
-  if (addr == nullptr || a < b || a >= b + heap_size) {
+  if (addr == nullptr || a < b || a >= b + size) {
     std::ostringstream msg;
-    msg << "address " << addr << " is not in the symmetric heap [" << static_cast<const void*>(base) << ", +"
-        << heap_size << " bytes); pass a pointer into an object from Context::alloc";
-    fail(Errc::not_symmetric, call, msg.str());
+    msg << "address " << addr << " is not in the " << name << " [" << static_cast<const void*>(base) << ", +" << size
+        << " bytes); " << hint;
+    s.fail(Errc::not_symmetric, call, msg.str());
   }
   const std::size_t off = a - b;
-  if (bytes > heap_size - off) {
-    fail(Errc::out_of_range, call,
-         "[offset " + std::to_string(off) + ", +" + std::to_string(bytes) + " bytes) runs past the end of the " +
-             std::to_string(heap_size) + "-byte symmetric heap");
+  if (bytes > size - off) {
+    s.fail(Errc::out_of_range, call,
+           "[offset " + std::to_string(off) + ", +" + std::to_string(bytes) + " bytes) runs past the end of the " +
+               std::to_string(size) + "-byte " + name);
   }
   const auto block = heap.find(off);
   if (!block) {
-    fail(Errc::out_of_range, call,
-         "heap offset " + std::to_string(off) + " is not inside a live symmetric object (freed, or never allocated)");
+    s.fail(Errc::out_of_range, call,
+           std::string(name) + " offset " + std::to_string(off) +
+               " is not inside a live symmetric object (freed, or never allocated)");
   }
   if (bytes > block->offset + block->size - off) {
-    fail(Errc::out_of_range, call,
-         "[offset " + std::to_string(off) + ", +" + std::to_string(bytes) +
-             " bytes) runs past the end of its object [" + std::to_string(block->offset) + ", " +
-             std::to_string(block->offset + block->size) + ")");
+    s.fail(Errc::out_of_range, call,
+           "[offset " + std::to_string(off) + ", +" + std::to_string(bytes) +
+               " bytes) runs past the end of its object [" + std::to_string(block->offset) + ", " +
+               std::to_string(block->offset + block->size) + ")");
   }
   return off;
+}
+
+std::size_t State::check_range_slow(const char* call, const void* addr, std::size_t bytes) const {
+  if (device_holds(addr)) {
+    std::ostringstream msg;
+    msg << "address " << addr << " is in the symmetric GPU heap; " << call
+        << " takes host memory here (signal words and atomics live in the host heap: Context::alloc, alloc_signals)";
+    fail(Errc::not_symmetric, call, msg.str());
+  }
+  return check_heap_range(*this, call, addr, bytes, base, heap_size, heap, "symmetric heap",
+                          "pass a pointer into an object from Context::alloc");
 }
 
 void State::fail_misaligned(const char* call, const void* addr) const {
@@ -119,7 +133,10 @@ State::~State() { stop_progress_thread(); }
 void State::teardown() noexcept {
   stop_progress_thread();
   gpu_streams.reset();  // CUDA's registrations of the heaps go before the windows that hold them
-  ucx.reset();          // local: every rank quiesced before the agreement of finalize()
+  device.reset();       // the GPU heaps: this rank's and the node peers' mappings (runtime/device.cpp)
+  device_base = nullptr;
+  device_size = 0;
+  ucx.reset();  // local: every rank quiesced before the agreement of finalize()
   if (mpi) mpi->close();
   if (world_win != MPI_WIN_NULL) {
     MPI_Win_unlock_all(world_win);
@@ -137,15 +154,22 @@ void State::teardown() noexcept {
 
 void release_symmetric(State& state, void* ptr) noexcept {
   if (state.finalized || state.base == nullptr) return;
+  if (state.device_holds(ptr)) {
+    state.release_device(static_cast<char*>(ptr) - state.device_base);
+    return;
+  }
   state.release(static_cast<char*>(ptr) - state.base);
 }
 
 void free_symmetric(State& state, void* ptr) {
   state.check_alive("free");
-  const std::size_t off = state.check_range("free", ptr, 0);
+  const bool device = state.device_holds(ptr);
+  const std::size_t off = device ? static_cast<std::size_t>(static_cast<char*>(ptr) - state.device_base)
+                                 : state.check_range("free", ptr, 0);
   state.quiet();
-  state.collective("free", CollKind::free, {static_cast<std::int64_t>(off)}, {"offset"});
-  if (!state.release(off))
+  state.collective("free", CollKind::free, {static_cast<std::int64_t>(off), device ? 1 : 0},
+                   {"offset", "heap (0 host, 1 GPU)"});
+  if (!(device ? state.release_device(off) : state.release(off)))
     state.fail(Errc::internal, "free", "object at offset " + std::to_string(off) + " is not live");
 }
 
@@ -274,9 +298,9 @@ void build(State& s, MPI_Comm user_comm) {
        s.options.mpi_signal_message ? 2
        : s.options.mpi_signal_put   ? 1
                                     : 0,
-       hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0},
+       hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0, static_cast<std::int64_t>(s.options.gpu_heap_size)},
       {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
-       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU"});
+       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE"});
   check_gpu(s);
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
@@ -565,57 +589,77 @@ RuntimeInfo Context::info() const {
                       (r == Route::ucx && s.ucx && s.atomics == s.ucx.get());
     if (used) out.transports.emplace_back(to_string(r));
   }
+  out.gpu_heap = detail::gpu_heap_description(s);
+  for (int pe = 0; pe < s.size; ++pe) out.gpu_peers.push_back(detail::gpu_path(s, pe));
   return out;
 }
 std::shared_ptr<detail::State> Context::state_ptr() const { return state_; }
 
-void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align) {
-  State& s = *state_;
-  s.check_alive("alloc");
+namespace detail {
+
+std::size_t alloc_request(const State& s, const char* call, std::size_t count, std::size_t elem_size,
+                          std::size_t& align, std::size_t min_align) {
+  s.check_alive(call);
   if (elem_size != 0 && count > (std::size_t{1} << 62) / elem_size) {
     s.fail(
-        Errc::overflow, "alloc",
+        Errc::overflow, call,
         std::to_string(count) + " elements of " + std::to_string(elem_size) + " bytes overflow the size computation");
   }
-  const std::size_t bytes = count * elem_size;
-  align = std::max<std::size_t>(align, 64);
-  if (align > detail::kHeapAlign) {
-    s.fail(Errc::invalid_argument, "alloc",
-           "alignment " + std::to_string(align) + " exceeds the heap's alignment of " +
-               std::to_string(detail::kHeapAlign) + " bytes");
+  align = std::max(align, min_align);
+  if (align > kHeapAlign) {
+    s.fail(Errc::invalid_argument, call,
+           "alignment " + std::to_string(align) + " exceeds the heap's alignment of " + std::to_string(kHeapAlign) +
+               " bytes");
   }
+  return count * elem_size;
+}
+
+std::optional<std::size_t> alloc_agreed(State& s, const char* call, CollKind kind, HeapAllocator& heap,
+                                        std::size_t bytes, std::size_t align) {
+  std::optional<std::size_t> off;
+  if (bytes) off = heap.allocate(bytes, align);
+  const std::int64_t where = bytes == 0 ? -2 : (off ? static_cast<std::int64_t>(*off) : -1);
+  try {
+    s.collective(call, kind, {static_cast<std::int64_t>(bytes), where}, {"bytes", "offset"});
+  } catch (...) {
+    if (off) heap.release(*off);
+    throw;
+  }
+  return off;
+}
+
+void throw_out_of_heap(const State& s, const char* call, const HeapAllocator& heap, std::size_t heap_size,
+                       const char* env, std::size_t bytes, std::size_t align) {
+  // What the live objects hold (whole slots) plus this request; when that fits in the heap already, the
+  // free space is fragmented, and only a heap larger by the request is sure to hold it.
+  const std::size_t want = HeapAllocator::slots(bytes) + (align - HeapAllocator::kSlot);
+  std::size_t needed = heap.bytes_reserved() + want;
+  const bool fragmented = needed <= heap_size;
+  if (fragmented) needed = heap_size + want;
+  needed = (needed + kHeapAlign - 1) & ~(kHeapAlign - 1);
+  throw OutOfHeap(s.prefix(call) + std::to_string(bytes) + " bytes requested, the largest free block is " +
+                  std::to_string(heap.largest_free()) + " of " + env + "=" + std::to_string(heap_size) + " bytes (" +
+                  std::to_string(heap.live_count()) + " live objects hold " + std::to_string(heap.bytes_reserved()) +
+                  ", " + std::to_string(heap.free_bytes()) + " free" + (fragmented ? " but fragmented" : "") +
+                  "); set " + env + " to at least " + std::to_string(needed));
+}
+
+}  // namespace detail
+
+void* Context::alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align) {
+  State& s = *state_;
+  const std::size_t bytes = detail::alloc_request(s, "alloc", count, elem_size, align, 64);
   // A block freed earlier (Symmetric's destructor releases locally) may be handed out again below:
   // every rank completes its own operations before the collective, so none of them can land in the
   // new object (puts or gets aimed at the old one).
   s.quiet();
-  std::optional<std::size_t> off;
-  if (bytes) off = s.heap.allocate(bytes, align);
-  const std::int64_t where = bytes == 0 ? -2 : (off ? static_cast<std::int64_t>(*off) : -1);
-  try {
-    s.collective("alloc", detail::CollKind::alloc, {static_cast<std::int64_t>(bytes), where}, {"bytes", "offset"});
-  } catch (...) {
-    if (off) s.release(*off);
-    throw;
-  }
+  const std::optional<std::size_t> off =
+      detail::alloc_agreed(s, "alloc", detail::CollKind::alloc, s.heap, bytes, align);
   // Signal messages (UBEP_MPI_SIGNAL=message) land when applied here, not at the sender's quiet(): the
   // ones sent before the collective are applied now, so none changes a word of the new object later.
   s.apply_sent_signal_messages("alloc");
   if (bytes == 0) return nullptr;
-  if (!off) {
-    // What the live objects hold (whole slots) plus this request; when that fits in the heap already, the
-    // free space is fragmented, and only a heap larger by the request is sure to hold it.
-    const std::size_t want = detail::HeapAllocator::slots(bytes) + (align - detail::HeapAllocator::kSlot);
-    std::size_t needed = s.heap.bytes_reserved() + want;
-    const bool fragmented = needed <= s.heap_size;
-    if (fragmented) needed = s.heap_size + want;
-    needed = (needed + detail::kHeapAlign - 1) & ~(detail::kHeapAlign - 1);
-    throw OutOfHeap(s.prefix("alloc") + std::to_string(bytes) + " bytes requested, the largest free block is " +
-                    std::to_string(s.heap.largest_free()) + " of UBEP_HEAP_SIZE=" + std::to_string(s.heap_size) +
-                    " bytes (" + std::to_string(s.heap.live_count()) + " live objects hold " +
-                    std::to_string(s.heap.bytes_reserved()) + ", " + std::to_string(s.heap.free_bytes()) + " free" +
-                    (fragmented ? " but fragmented" : "") + "); set UBEP_HEAP_SIZE to at least " +
-                    std::to_string(needed));
-  }
+  if (!off) detail::throw_out_of_heap(s, "alloc", s.heap, s.heap_size, "UBEP_HEAP_SIZE", bytes, align);
   return s.base + *off;
 }
 
@@ -648,6 +692,7 @@ void Context::put(void* dest, const void* src, std::size_t bytes, int pe) {
   s.check_alive("put");
   s.check_pe("put", pe);
   if (bytes == 0) return;
+  if (s.device_holds(dest)) return s.device_put("put", dest, src, bytes, pe, true);
   const std::size_t off = s.check_range("put", dest, bytes);
   if (char* m = s.mapped[pe]) {
     std::memcpy(m + off, src, bytes);  // self, shm: what the load/store transport does, without the virtual call
@@ -661,6 +706,7 @@ void Context::get(void* dest, const void* src, std::size_t bytes, int pe) {
   s.check_alive("get");
   s.check_pe("get", pe);
   if (bytes == 0) return;
+  if (s.device_holds(src)) return s.device_get("get", dest, src, bytes, pe, true);
   const std::size_t off = s.check_range("get", src, bytes);
   if (const char* m = s.mapped[pe]) {
     std::memcpy(dest, m + off, bytes);
@@ -674,6 +720,7 @@ void Context::put_nbi(void* dest, const void* src, std::size_t bytes, int pe) {
   s.check_alive("put_nbi");
   s.check_pe("put_nbi", pe);
   if (bytes == 0) return;
+  if (s.device_holds(dest)) return s.device_put("put_nbi", dest, src, bytes, pe, false);
   const std::size_t off = s.check_range("put_nbi", dest, bytes);
   if (char* m = s.mapped[pe]) {
     std::memcpy(m + off, src, bytes);  // complete at once on self and shm
@@ -687,6 +734,7 @@ void Context::get_nbi(void* dest, const void* src, std::size_t bytes, int pe) {
   s.check_alive("get_nbi");
   s.check_pe("get_nbi", pe);
   if (bytes == 0) return;
+  if (s.device_holds(src)) return s.device_get("get_nbi", dest, src, bytes, pe, false);
   const std::size_t off = s.check_range("get_nbi", src, bytes);
   if (const char* m = s.mapped[pe]) {
     std::memcpy(dest, m + off, bytes);
@@ -699,6 +747,7 @@ void* Context::ptr(const void* dest, std::size_t bytes, int pe) {
   State& s = *state_;
   s.check_alive("ptr");
   s.check_pe("ptr", pe);
+  if (s.device_holds(dest)) return s.device_ptr("ptr", dest, bytes, pe);
   const std::size_t off = s.check_range("ptr", dest, bytes);
   return s.mapped[pe] ? s.mapped[pe] + off : nullptr;
 }
@@ -709,6 +758,7 @@ void Context::fence() {
   // Deferred signals were issued before the fence in program order: they go out now, so nothing issued
   // after the fence (a put that overwrites their data) can overtake them.
   s.flush_pending_signals();
+  s.complete_device("fence");
   s.load_store->fence();
   if (s.ucx) s.ucx->fence();
   if (s.mpi) s.mpi->fence();
@@ -736,6 +786,7 @@ void Context::flush(int pe) {
   s.check_alive("flush");
   s.check_pe("flush", pe);
   s.flush_pending_signals();
+  s.complete_device("flush");
   s.load_store->flush_all();
   if (s.ucx) s.ucx->flush(pe);
   if (s.mpi) s.mpi->flush(pe);

@@ -67,6 +67,7 @@ void State::apply_sent_signal_messages(const char* call) {
 
 void State::quiet() {
   flush_pending_signals();
+  complete_device("quiet");
   load_store->flush_all();
   if (ucx) ucx->flush_all();
   if (mpi) mpi->flush_all();
@@ -220,8 +221,14 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
   State& s = *state_;
   s.check_alive("put_signal");
   s.check_pe("put_signal", pe);
-  const std::size_t off = bytes ? s.check_range("put_signal", dest, bytes) : 0;
+  const bool on_device = bytes && s.device_holds(dest);
+  const std::size_t off = bytes && !on_device ? s.check_range("put_signal", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal", sig);
+  s.complete_device("put_signal");  // device data issued before goes before the signal
+  if (on_device) {                  // the copy complete, then the signal alone (as bytes 0)
+    s.device_put("put_signal", dest, src, bytes, pe, true);
+    bytes = 0;
+  }
   if (char* m = s.mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
     if (bytes) std::memcpy(m + off, src, bytes);
     detail::apply_posted(m, soff, detail::atomic_of(op), value);
@@ -242,8 +249,14 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
   State& s = *state_;
   s.check_alive("put_signal_nbi");
   s.check_pe("put_signal_nbi", pe);
-  const std::size_t off = bytes ? s.check_range("put_signal_nbi", dest, bytes) : 0;
+  const bool on_device = bytes && s.device_holds(dest);
+  const std::size_t off = bytes && !on_device ? s.check_range("put_signal_nbi", dest, bytes) : 0;
   const std::size_t soff = s.check_word("put_signal_nbi", sig);
+  s.complete_device("put_signal_nbi");  // device data issued before goes before the signal
+  if (on_device) {                      // the copy complete, then the signal alone (as bytes 0)
+    s.device_put("put_signal_nbi", dest, src, bytes, pe, true);
+    bytes = 0;
+  }
   if (char* m = s.mapped_signals[pe]) {  // as put_signal: complete on return
     if (bytes) std::memcpy(m + off, src, bytes);
     detail::apply_posted(m, soff, detail::atomic_of(op), value);
@@ -267,6 +280,7 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_alive("signal_op");
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
+  s.complete_device("signal_op");
   if (char* m = s.mapped_signals[pe]; m != nullptr && !s.ucx) {  // with UCX, ucx-route puts are ordered first
     detail::apply_posted(m, soff, detail::atomic_of(op), value);
     return;

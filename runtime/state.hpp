@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -22,7 +23,8 @@
 
 namespace ubep::detail {
 
-struct GpuStreams;  // runtime/gpu_streams.hpp
+struct GpuStreams;    // runtime/gpu_streams.hpp
+struct DeviceMemory;  // runtime/device.cpp: the symmetric GPU heap
 
 /// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
 /// mismatched calls are reported instead of corrupting memory or hanging.
@@ -33,7 +35,17 @@ inline constexpr std::size_t kHeapAlign = 4096;
 /// The MPI op an atomic uses on the mpi route; `any` (fetch, MPI_NO_OP) is atomic with all of them.
 enum class AtomicFamily : std::uint8_t { any, sum, replace, cas };
 
-enum class CollKind : std::int64_t { create = 1, alloc, free, signals, barrier, finalize, moe_setup, user };
+enum class CollKind : std::int64_t {
+  create = 1,
+  alloc,
+  free,
+  signals,
+  barrier,
+  finalize,
+  moe_setup,
+  user,
+  alloc_device
+};
 const char* to_string(CollKind kind) noexcept;
 
 class State {
@@ -98,6 +110,29 @@ class State {
 
   /// The stream-ordered calls' registrations and wait slots (runtime/stream.cpp); null until the first one.
   std::unique_ptr<GpuStreams> gpu_streams;
+
+  // ---- the symmetric GPU heap (runtime/device.cpp): created by the first Context::alloc_device ----
+  char* device_base = nullptr;  // this rank's GPU heap; null (and device_size 0) until created
+  std::size_t device_size = 0;
+  bool device_pending = false;  // device copies issued and not yet complete (put_nbi, get_nbi)
+  std::unique_ptr<DeviceMemory> device;
+  /// True for an address in this rank's GPU heap (one subtraction and compare; false before it exists).
+  bool device_holds(const void* p) const noexcept {
+    return reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(device_base) < device_size;
+  }
+  /// Completes this rank's device copies: in quiet(), flush(), fence() and before every signal, so a signal
+  /// never overtakes device data issued before it.
+  void complete_device(const char* call) {
+    if (device_pending) synchronize_device(call);
+  }
+  void synchronize_device(const char* call);
+  /// Device memory on pe (put/get with a symmetric address in the GPU heap); `complete`: wait for the copy.
+  void device_put(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete);
+  void device_get(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete);
+  /// ptr() of a GPU-heap range: pe's heap as mapped here (node peers), null off the node.
+  void* device_ptr(const char* call, const void* dest, std::size_t bytes, int pe);
+  /// The GPU heap's half of release_symmetric and free_symmetric.
+  bool release_device(std::size_t offset) noexcept;
 
   // ---- checks (each throws ubep::Error naming rank, call and value) ----
   std::string prefix(const char* call) const;
@@ -165,5 +200,26 @@ class State {
   void stop_progress_thread() noexcept;  // joins the progress thread, if any; idempotent
   void teardown() noexcept;              // frees MPI objects (collective); used by finalize() and a failed Context()
 };
+
+/// The checks of a symmetric range in one heap (the host heap's check_range_slow, the GPU heap's): inside
+/// [base, base + size) and inside one live object of `heap`, else State::fail naming the heap (`name`) and
+/// `hint` (what to pass instead). Returns the offset.
+std::size_t check_heap_range(const State& s, const char* call, const void* addr, std::size_t bytes, const char* base,
+                             std::size_t size, const HeapAllocator& heap, const char* name, const char* hint);
+
+/// The steps alloc and alloc_device share (context.cpp). alloc_request: checks the context, the size and the
+/// alignment (raised to at least `min_align`); returns the bytes. alloc_agreed: allocates in `heap` and agrees
+/// on (bytes, offset) with every rank (the block is released when that throws); nullopt when it did not fit
+/// (or bytes is 0). throw_out_of_heap: the OutOfHeap error naming `env` and the size to set.
+std::size_t alloc_request(const State& s, const char* call, std::size_t count, std::size_t elem_size,
+                          std::size_t& align, std::size_t min_align);
+std::optional<std::size_t> alloc_agreed(State& s, const char* call, CollKind kind, HeapAllocator& heap,
+                                        std::size_t bytes, std::size_t align);
+[[noreturn]] void throw_out_of_heap(const State& s, const char* call, const HeapAllocator& heap, std::size_t heap_size,
+                                    const char* env, std::size_t bytes, std::size_t align);
+
+/// For Context::info(): the GPU heap in one line, and how GPU-heap data reaches pe (runtime/device.cpp).
+std::string gpu_heap_description(const State& s);
+std::string gpu_path(const State& s, int pe);
 
 }  // namespace ubep::detail

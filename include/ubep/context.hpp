@@ -42,6 +42,12 @@
 ///    order it after earlier calls: a fence() pending for pe, data in flight to pe before a signal or a
 ///    non-fetching atomic, an update of a word while an earlier one of it is in flight and one of the two
 ///    is an 8-byte signal put; and once 4096 signals and non-fetching atomics are in flight, every peer.
+///  - GPU heap: for a symmetric address in the GPU heap (alloc_device) the notes of put, get, put_nbi, get_nbi,
+///    put_signal and put_signal_nbi read, whatever route(pe) says for host memory: pe must be on this rank's
+///    node (else Errc::unsupported); the data moves as one cudaMemcpyAsync on ubep's stream into (out of)
+///    pe's heap mapped here; put, get, put_signal and put_signal_nbi wait for it (local and remote
+///    completion on return), put_nbi and get_nbi complete at the next quiet() or flush(); fence(),
+///    signal_op and every put_signal first complete this rank's earlier device copies. No MPI is involved.
 ///  - "at most UBEP_WAIT_TIMEOUT": the call throws Errc::timeout when its deadline passes, as below.
 ///
 /// Deadlines. Waits (wait_until*, and the MoE calls built on them) poll with the deadline
@@ -112,6 +118,12 @@ struct RuntimeInfo {
   /// reports them, e.g. "am (auto: no lane has hardware RMA and atomics); lanes tcp/eth0.0[rma_bw am
   /// am_bw wireup]". Empty otherwise. (UCX reaches every peer when the atomics go through it.)
   std::vector<std::string> ucx_peers;
+  /// The symmetric GPU heap (Context::alloc_device): "not created (...)" before the first alloc_device, then
+  /// its size, device and how the node shares it.
+  std::string gpu_heap;
+  /// Per pe: how data in the GPU heap reaches it ("self", "CUDA IPC: ..." for the ranks of this node,
+  /// "none: another node ..." otherwise).
+  std::vector<std::string> gpu_peers;
 };
 
 /// The runtime for one communicator. Move-only; collective to create and to finalize.
@@ -188,6 +200,27 @@ class Context {
     static_assert(std::is_trivially_copyable_v<T>);
     return Symmetric<T>(state_ptr(), static_cast<T*>(alloc_bytes(count, sizeof(T), alignof(T))), count);
   }
+  /// Collective: `count` elements of T in the symmetric GPU heap (README "GPUs"): device memory, aligned to
+  /// max(256, alignof(T)), same offset on every rank, uninitialized; data() is a device pointer (never
+  /// dereference it on the host: operator[] and local() do). The first call creates the heap of
+  /// UBEP_GPU_HEAP_SIZE bytes on the CUDA device current on the calling thread (cudaSetDevice before it) and
+  /// maps the heaps of this rank's node peers (CUDA IPC); every later call hands out objects in it. put, get,
+  /// put_nbi, get_nbi, put_signal, put_signal_nbi and ptr() accept pointers into it for this rank and the
+  /// ranks of its node (node_ranks(), whatever route() says for host memory); a peer on another node gets
+  /// Errc::unsupported (no staged route yet), and so do atomics and signal words in it (they live in the host
+  /// heap: alloc, alloc_signals). Throws, on every rank together: Errc::unsupported when some rank has no
+  /// usable GPU, the build has no CUDA, or the ranks of a node cannot map each other's heaps (naming the rank
+  /// and CUDA's answer; the context stays usable for host memory and a later call tries again); OutOfHeap
+  /// naming UBEP_GPU_HEAP_SIZE; the errors of alloc.
+  /// @note Local completion: as alloc (every operation this rank issued before is complete, device copies
+  /// too). Remote completion: as alloc. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each;
+  /// the first call also the heap's creation and the exchange of CUDA IPC handles with the node, at most
+  /// UBEP_WAIT_TIMEOUT. Communicates: collective over comm().
+  template <class T>
+  [[nodiscard]] Symmetric<T> alloc_device(std::size_t count) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return Symmetric<T>(state_ptr(), static_cast<T*>(alloc_device_bytes(count, sizeof(T), alignof(T))), count);
+  }
   /// Collective: `count` 64-bit signal words, set to `initial` on every rank before any rank returns.
   /// @note Local completion: on return, as alloc, and this rank's words hold `initial`. Remote completion: no
   /// rank returns before every rank has set its words to `initial`, so no signal from a peer can be
@@ -214,23 +247,24 @@ class Context {
   /// Copies `bytes` from local `src` to symmetric `dest` on `pe`.
   /// @note Local completion: on return (`src` may be reused). Remote completion: self/shm on return; mpi at
   /// the next quiet() or flush(pe). Blocks: self/shm no; mpi an ordering flush if a fence() is pending, then
-  /// MPI_Win_flush_local(pe), at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
+  /// MPI_Win_flush_local(pe), at most UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: see "GPU heap" above.
   void put(void* dest, const void* src, std::size_t bytes, int pe);
   /// Copies `bytes` from symmetric `src` on `pe` to local `dest`.
   /// @note Local completion: on return (`dest` holds the data). Remote completion: none (pe's memory is only
   /// read). Blocks: self/shm no; mpi an ordering flush if a fence() is pending, then MPI_Win_flush_local(pe),
-  /// at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
+  /// at most UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: see "GPU heap" above.
   void get(void* dest, const void* src, std::size_t bytes, int pe);
   /// Non-blocking put.
   /// @note Local completion: self/shm on return; mpi at the next quiet() or flush(pe) (only then may `src` be
   /// reused). Remote completion: self/shm on return; mpi at the next quiet() or flush(pe). Blocks: self/shm
   /// no; mpi only for an ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with
-  /// pe.
+  /// pe. GPU heap: see "GPU heap" above.
   void put_nbi(void* dest, const void* src, std::size_t bytes, int pe);
   /// Non-blocking get.
   /// @note Local completion: self/shm on return; mpi at the next quiet() or flush(pe) (only then does `dest`
   /// hold the data). Remote completion: none (pe's memory is only read). Blocks: self/shm no; mpi only for an
-  /// ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
+  /// ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: see "GPU heap"
+  /// above.
   void get_nbi(void* dest, const void* src, std::size_t bytes, int pe);
 
   /// Where this rank can load and store `bytes` of symmetric `dest` on `pe` directly (OpenSHMEM's
@@ -513,6 +547,7 @@ class Context {
  private:
   std::shared_ptr<detail::State> state_ptr() const;
   void* alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align);
+  void* alloc_device_bytes(std::size_t count, std::size_t elem_size, std::size_t align);
   std::shared_ptr<detail::State> state_;
 };
 

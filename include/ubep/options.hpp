@@ -55,6 +55,10 @@ struct Options {
   /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.
   /// 0 (default): libubep leaves CUDA untouched until something asks for a GPU. Must match on every rank.
   bool gpu = false;
+  /// UBEP_GPU_HEAP_SIZE (collective): bytes of symmetric GPU heap per rank, on the CUDA device current at the
+  /// first Context::alloc_device (which creates it; nothing is allocated on a GPU before). Suffixes K, M, G.
+  /// Rounded up to the device's allocation granularity (2 MiB on current GPUs). Default 1G.
+  std::size_t gpu_heap_size = std::size_t{1} << 30;
   /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
   std::uint32_t progress_interval_us = 50;
   /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.

@@ -23,7 +23,7 @@ constexpr const char* kVars[] = {"UBEP_HEAP_SIZE",      "UBEP_WAIT_TIMEOUT",    
                                  "UBEP_TRANSPORTS",     "UBEP_PROGRESS_THREAD", "UBEP_PROGRESS_INTERVAL_US",
                                  "UBEP_VIRTUAL_NODES",  "UBEP_SCHEDULE",        "UBEP_TOPOLOGY_FILE",
                                  "UBEP_TOPOLOGY_PROBE", "UBEP_RUN_AHEAD",       "UBEP_MPI_SIGNAL",
-                                 "UBEP_UCX_MODE",       "UBEP_MPI_BOUNDED"};
+                                 "UBEP_UCX_MODE",       "UBEP_MPI_BOUNDED",     "UBEP_GPU_HEAP_SIZE"};
 constexpr int kNumVars = sizeof kVars / sizeof kVars[0];
 
 void clear_env() {
@@ -79,6 +79,7 @@ bool one_of(const std::string& s, std::initializer_list<const char*> values) {
 
 void check_fields(const ubep::Options& o) {
   UBEP_FUZZ_CHECK(o.heap_size > 0, "heap_size 0");
+  UBEP_FUZZ_CHECK(o.gpu_heap_size > 0, "gpu_heap_size 0");
   UBEP_FUZZ_CHECK(std::isfinite(o.wait_timeout.count()) && o.wait_timeout.count() >= 0, "wait_timeout");
   UBEP_FUZZ_CHECK(o.poll.progress_every >= 1, "progress_every 0");
   UBEP_FUZZ_CHECK(!o.transports.empty(), "no transport");
@@ -107,6 +108,7 @@ void check_round_trip(const ubep::Options& o) {
   clear_env();
   const double ta = o.wait_timeout.count(), tb = b.wait_timeout.count();
   UBEP_FUZZ_CHECK(b.heap_size == o.heap_size, "heap_size");
+  UBEP_FUZZ_CHECK(b.gpu_heap_size == o.gpu_heap_size, "gpu_heap_size");
   UBEP_FUZZ_CHECK(ta == tb, "wait_timeout " + std::to_string(ta));  // F2 (fixed): %.17g reads back exactly
   UBEP_FUZZ_CHECK(b.poll.spin == o.poll.spin && b.poll.yield == o.poll.yield &&
                       b.poll.sleep_max_us == o.poll.sleep_max_us && b.poll.progress_every == o.poll.progress_every,

@@ -147,7 +147,7 @@ step build configure || {
 step ptx ctest --test-dir "$build" --output-on-failure -R '^build\.ptx_signal_orderings$' --no-tests=error
 step gpu ctest --test-dir "$build" --output-on-failure -L gpu --no-tests=error
 step mpi_gpu ctest --test-dir "$build" --output-on-failure --no-tests=error \
-  -R '^(gpu_context_test|public_api_test|stream_test)\.np2$'
+  -R '^((gpu_context_test|public_api_test|stream_test|gpu_heap_test)\.np2|gpu_heap_test\.np2\.vnodes)$'
 memcheck() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)

@@ -93,9 +93,23 @@ TEST(Options, DescribeListsEveryVariable) {
   EXPECT_TRUE(found);
 }
 
+TEST(Options, GpuHeapSize) {
+  EXPECT_EQ(Options{}.gpu_heap_size, std::size_t{1} << 30);
+  {
+    Env e("UBEP_GPU_HEAP_SIZE", "96M");
+    const Options o = Options::from_env();
+    EXPECT_EQ(o.gpu_heap_size, std::size_t{96} << 20);
+    bool found = false;
+    for (const std::string& line : o.describe()) found = found || line == "UBEP_GPU_HEAP_SIZE=100663296";
+    EXPECT_TRUE(found);
+  }
+  EXPECT_EQ(Options::from_env().gpu_heap_size, std::size_t{1} << 30);
+}
+
 TEST(Options, RejectsBadValues) {
   for (const auto& [name, value] : {std::pair{"UBEP_RUN_AHEAD", "0"}, std::pair{"UBEP_SCHEDULE", "random"},
-                                    std::pair{"UBEP_WAIT_TIMEOUT", "-1"}, std::pair{"UBEP_TRANSPORTS", "tcp"}}) {
+                                    std::pair{"UBEP_WAIT_TIMEOUT", "-1"}, std::pair{"UBEP_TRANSPORTS", "tcp"},
+                                    std::pair{"UBEP_GPU_HEAP_SIZE", "0"}, std::pair{"UBEP_GPU_HEAP_SIZE", "lots"}}) {
     const std::string what = error_of(name, value);
     EXPECT_NE(what.find(name), std::string::npos) << what;
   }
