@@ -24,7 +24,7 @@
 namespace ubep::detail {
 
 struct GpuStreams;    // runtime/gpu_streams.hpp
-struct DeviceMemory;  // runtime/device.cpp: the symmetric GPU heap
+struct DeviceMemory;  // runtime/device_memory.hpp: the symmetric GPU heap
 
 /// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
 /// mismatched calls are reported instead of corrupting memory or hanging.
