@@ -298,9 +298,11 @@ void build(State& s, MPI_Comm user_comm) {
        s.options.mpi_signal_message ? 2
        : s.options.mpi_signal_put   ? 1
                                     : 0,
-       hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0, static_cast<std::int64_t>(s.options.gpu_heap_size)},
+       hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0, static_cast<std::int64_t>(s.options.gpu_heap_size),
+       s.options.gpu_emulate ? 1 : 0},
       {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
-       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE"});
+       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE",
+       "UBEP_GPU_EMULATE"});
   check_gpu(s);
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);

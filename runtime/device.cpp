@@ -1,10 +1,11 @@
 // The symmetric GPU heap (Context::alloc_device; README "GPUs"): created collectively by the first call on the
-// CUDA device current on each rank, mapped by the node peers through CUDA IPC (transports/cuda/device_heap.hpp),
-// and reached by put/get/put_signal as copies on one internal stream. Every rank fails together when one cannot
-// take part: each step ends with an agreement on whether every rank succeeded, before the next one starts.
+// CUDA device current on each rank (or in host memory under UBEP_GPU_EMULATE=1), mapped by the node peers
+// (transports/device_heap.hpp), and reached by put/get/put_signal as copies on one internal stream. Every rank
+// fails together when one cannot take part: each step ends with an agreement on whether every rank succeeded,
+// before the next one starts.
 #include <algorithm>
+#include <exception>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,38 +15,24 @@
 #include "ubep/config.hpp"
 #include "ubep/gpu.hpp"
 
-#if UBEP_HAVE_CUDA
-#include "transports/cuda/device_heap.hpp"
-#endif
-
 namespace ubep {
 namespace detail {
-
-#if !UBEP_HAVE_CUDA
-namespace cuda {
-class DeviceHeap {};  // never created in builds without CUDA (alloc_device fails first)
-}  // namespace cuda
-#endif
-
-DeviceMemory::DeviceMemory() = default;
-DeviceMemory::~DeviceMemory() = default;
 
 namespace {
 
 /// Objects in the GPU heap are aligned to at least this (cudaMalloc's alignment; vector loads in kernels).
 constexpr std::size_t kDeviceAlign = 256;
 
-#if UBEP_HAVE_CUDA
 /// One step of the creation, agreed: every rank says whether its step succeeded (MINLOC over comm, polled with
 /// the wait deadline); when one failed, each rank throws: the failed one its own error, the others
 /// Errc::unsupported naming the first rank that failed and `what` it could not do.
 void agree_step(State& s, const char* call, const std::exception_ptr& mine, const char* what) {
-  struct {
+  struct Vote {
     int ok;
     int rank;
-  } in{mine ? 0 : 1, s.rank}, out{};
-  auto buf = std::make_unique<decltype(in)[]>(2);  // MPI may still write into it after a timeout: kept then
-  buf[0] = in;
+  };
+  auto buf = std::make_unique<Vote[]>(2);  // MPI may still write into it after a timeout: kept then
+  buf[0] = {mine ? 0 : 1, s.rank};
   MPI_Request req = MPI_REQUEST_NULL;
   UBEP_MPI_CHECK(s.rank, call, MPI_Iallreduce(&buf[0], &buf[1], 1, MPI_2INT, MPI_MINLOC, s.comm, &req));
   try {
@@ -54,11 +41,10 @@ void agree_step(State& s, const char* call, const std::exception_ptr& mine, cons
     (void)buf.release();
     throw;
   }
-  out = buf[1];
-  if (out.ok) return;
+  if (buf[1].ok) return;
   if (mine) std::rethrow_exception(mine);
   s.fail(Errc::unsupported, call,
-         "no GPU heap: rank " + std::to_string(out.rank) + " could not " + what +
+         "no GPU heap: rank " + std::to_string(buf[1].rank) + " could not " + what +
              " (its error says why); every rank fails here, the context stays usable for host memory");
 }
 
@@ -72,9 +58,16 @@ std::exception_ptr attempt(Fn&& fn) {
   return nullptr;
 }
 
-/// Collective: this rank's heap, the node peers' mapped; s.device and s.device_base/size set on success.
-void create(State& s, const char* call) {
+/// This rank's heap (step 1: a device and its IPC kind agreed by the node; step 2: the allocation).
+std::unique_ptr<DeviceHeap> make_heap(State& s, const char* call) {
   const std::string where = s.prefix(call);
+  std::unique_ptr<DeviceHeap> heap;
+  if (s.options.gpu_emulate) {
+    agree_step(s, call, attempt([&] { heap = make_emulated_device_heap(s.options.gpu_heap_size, where); }),
+               "allocate its emulated GPU heap");
+    return heap;
+  }
+#if UBEP_HAVE_CUDA
   const GpuStatus& g = gpu_status();
   cuda::DeviceChoice choice;
   agree_step(s, call, attempt([&] {
@@ -85,12 +78,23 @@ void create(State& s, const char* call) {
   // The node shares heaps one way: fd where every rank's device supports it, else legacy IPC.
   int ipc = static_cast<int>(choice.ipc), node_ipc = 0;
   UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(&ipc, &node_ipc, 1, MPI_INT, MPI_MIN, s.node_comm));
-  auto mem = std::make_unique<DeviceMemory>();
   agree_step(s, call, attempt([&] {
-               mem->heap = std::make_unique<cuda::DeviceHeap>(s.options.gpu_heap_size, choice.device,
-                                                              static_cast<cuda::Ipc>(node_ipc), where);
+               heap = cuda::make_device_heap(s.options.gpu_heap_size, choice.device, static_cast<cuda::Ipc>(node_ipc),
+                                             where);
              }),
              "allocate its GPU heap");
+  return heap;
+#else
+  s.fail(Errc::unsupported, call,
+         "this libubep was built without CUDA: there is no GPU heap (UBEP_GPU_EMULATE=1 emulates one in host memory, "
+         "for testing)");
+#endif
+}
+
+/// Collective: this rank's heap, the node peers' mapped; s.device and s.device_base/size set on success.
+void create(State& s, const char* call) {
+  auto mem = std::make_unique<DeviceMemory>();
+  mem->heap = make_heap(s, call);
   // Every heap must have one size (the granularity may differ between device models).
   unsigned long long size = mem->heap->size(), lo = 0, hi = 0;
   UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(&size, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, s.comm));
@@ -99,9 +103,9 @@ void create(State& s, const char* call) {
     s.fail(Errc::unsupported, call,
            "the GPU heaps differ in size across ranks (" + std::to_string(lo) + " to " + std::to_string(hi) +
                " bytes after rounding UBEP_GPU_HEAP_SIZE=" + std::to_string(s.options.gpu_heap_size) +
-               " to each device's allocation granularity); set UBEP_GPU_HEAP_SIZE to a multiple of " +
-               std::to_string(hi) + "'s granularity, e.g. " + std::to_string(hi));
+               " to each device's allocation granularity); set UBEP_GPU_HEAP_SIZE=" + std::to_string(hi));
   }
+  const std::string where = s.prefix(call);
   agree_step(s, call, attempt([&] {
                mem->heap->map_node(
                    s.node_comm, s.rank, call, s.options.wait_timeout,
@@ -116,16 +120,11 @@ void create(State& s, const char* call) {
   s.device_size = mem->heap->size();
   s.device = std::move(mem);
 }
-#endif
 
 }  // namespace
 
 void State::synchronize_device(const char* call) {
-#if UBEP_HAVE_CUDA
   device->heap->synchronize(prefix(call));
-#else
-  (void)call;
-#endif
   device_pending = false;
 }
 
@@ -149,24 +148,16 @@ std::pair<std::size_t, char*> device_target(State& s, const char* call, const vo
 
 void State::device_put(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
   const auto [off, peer] = device_target(*this, call, dest, bytes, pe);
-#if UBEP_HAVE_CUDA
   device->heap->copy_async(peer + off, src, bytes, prefix(call));
   device_pending = true;
   if (complete) synchronize_device(call);
-#else
-  (void)peer, (void)off, (void)src, (void)complete;
-#endif
 }
 
 void State::device_get(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
   const auto [off, peer] = device_target(*this, call, src, bytes, pe);
-#if UBEP_HAVE_CUDA
   device->heap->copy_async(dest, peer + off, bytes, prefix(call));
   device_pending = true;
   if (complete) synchronize_device(call);
-#else
-  (void)peer, (void)off, (void)dest, (void)complete;
-#endif
 }
 
 void* State::device_ptr(const char* call, const void* dest, std::size_t bytes, int pe) {
@@ -187,11 +178,7 @@ void* Context::alloc_device_bytes(std::size_t count, std::size_t elem_size, std:
   const char* call = "alloc_device";
   const std::size_t bytes = detail::alloc_request(s, call, count, elem_size, align, detail::kDeviceAlign);
   s.quiet();  // device copies too: nothing aimed at a freed object lands in the new one
-#if UBEP_HAVE_CUDA
   if (!s.device) detail::create(s, call);
-#else
-  s.fail(Errc::unsupported, call, "this libubep was built without CUDA: there is no GPU heap");
-#endif
   const std::optional<std::size_t> off =
       detail::alloc_agreed(s, call, detail::CollKind::alloc_device, s.device->alloc, bytes, align);
   if (bytes == 0) return nullptr;
@@ -206,12 +193,7 @@ std::string gpu_heap_description(const State& s) {
     return "not created (the first alloc_device creates UBEP_GPU_HEAP_SIZE=" + std::to_string(s.options.gpu_heap_size) +
            " bytes on the current CUDA device)";
   }
-#if UBEP_HAVE_CUDA
-  return std::to_string(s.device_size) + " bytes on CUDA device " + std::to_string(s.device->heap->device()) +
-         ", shared with the node by " + cuda::to_string(s.device->heap->ipc());
-#else
-  return "none";
-#endif
+  return s.device->heap->describe();
 }
 
 std::string gpu_path(const State& s, int pe) {

@@ -59,6 +59,11 @@ struct Options {
   /// first Context::alloc_device (which creates it; nothing is allocated on a GPU before). Suffixes K, M, G.
   /// Rounded up to the device's allocation granularity (2 MiB on current GPUs). Default 1G.
   std::size_t gpu_heap_size = std::size_t{1} << 30;
+  /// UBEP_GPU_EMULATE (collective, testing): 1 makes the GPU heap shared host memory standing in for device
+  /// memory (copies are memcpy, node peers map it through the same fd exchange as CUDA's fd handles), on any
+  /// machine, GPU or not, so that alloc_device and every call on GPU addresses run where there is no GPU.
+  /// Everything that describes the heap says EMULATING. Default 0.
+  bool gpu_emulate = false;
   /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
   std::uint32_t progress_interval_us = 50;
   /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.

@@ -3,14 +3,16 @@
 //    throws Errc::unsupported together, naming itself and CUDA's answer or the first rank without one, and the
 //    context stays usable for host memory (a second alloc_device fails the same way, nothing hangs);
 //    info() says the heap is not created and how GPU data would reach each peer; UBEP_GPU_HEAP_SIZE must agree;
-//  - with a GPU (tests/gpu/check.sh): put, get, put_nbi + quiet, put_signal and ptr() between the ranks of a node
-//    (2 processes on one GPU share it through CUDA IPC), data checked with cudaMemcpy; argument errors on GPU
-//    addresses; a peer of another node (emulated nodes) refused; free and OutOfHeap naming UBEP_GPU_HEAP_SIZE.
+//  - on a heap emulated in host memory (UBEP_GPU_EMULATE, every run) and on a GPU (tests/gpu/check.sh): put, get,
+//    the nbi calls + quiet, put_signal GPU to GPU and ptr() between the ranks of a node (2 processes on one GPU
+//    share it through CUDA IPC), data checked outside ubep (cudaMemcpy, memcpy); argument errors on GPU
+//    addresses; peers of another (emulated) node refused; free, reuse, a host/GPU free mismatch and OutOfHeap.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -91,13 +93,33 @@ TEST(GpuHeap, WithoutAGpuEveryRankFailsTogether) {
   ctx.finalize();
 }
 
-#if UBEP_HAVE_CUDA
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+// The calls on GPU addresses, twice: on a heap EMULATED in host memory (UBEP_GPU_EMULATE: every route and rank
+// count, on any machine) and on a real GPU (skipped without one on every rank).
+enum class Heap { emulated, cuda };
 
-class GpuHeapWithGpu : public ::testing::Test {
+class GpuHeapCalls : public ::testing::TestWithParam<Heap> {
  protected:
   void SetUp() override {
-    if (!gpu_everywhere()) GTEST_SKIP() << "no GPU: " << gpu_status().reason;
+    if (GetParam() == Heap::cuda && !gpu_everywhere()) GTEST_SKIP() << "no GPU: " << gpu_status().reason;
+  }
+  Options options(std::size_t gpu_heap_bytes) const {
+    Options o = test::with_heap(4u << 20);
+    o.gpu_heap_size = gpu_heap_bytes;
+    o.gpu_emulate = GetParam() == Heap::emulated;
+    return o;
+  }
+  /// The test's own copy between GPU-heap memory and host memory, outside ubep: cudaMemcpy on a GPU, memcpy
+  /// where the heap is emulated in host memory.
+  void copy_raw(void* dst, const void* src, std::size_t bytes) const {
+    if (GetParam() == Heap::emulated) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+#if UBEP_HAVE_CUDA
+    ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), cudaSuccess);
+#else
+    FAIL() << "a CUDA heap in a build without CUDA";
+#endif
   }
 };
 
@@ -108,15 +130,15 @@ std::vector<std::uint32_t> values(int rank, std::size_t n, unsigned salt) {
   return v;
 }
 
-TEST_F(GpuHeapWithGpu, PutGetAndSignalsBetweenTheRanksOfANode) {
-  Options o = test::with_heap(4u << 20);
-  o.gpu_heap_size = 64u << 20;
-  Context ctx(MPI_COMM_WORLD, o);
+TEST_P(GpuHeapCalls, PutGetAndSignalsBetweenTheRanksOfANode) {
+  Context ctx(MPI_COMM_WORLD, options(64u << 20));
   constexpr std::size_t kN = 1u << 18;  // 1 MiB of uint32
   auto buf = ctx.alloc_device<std::uint32_t>(2 * kN);
   auto sig = ctx.alloc_signals(1);
   const RuntimeInfo info = ctx.info();
-  EXPECT_NE(info.gpu_heap.find("bytes on CUDA device"), std::string::npos) << info.gpu_heap;
+  EXPECT_NE(info.gpu_heap.find(GetParam() == Heap::emulated ? "EMULATING a GPU" : "bytes on CUDA device"),
+            std::string::npos)
+      << info.gpu_heap;
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buf.data()) % 256, 0u);
   const auto nodes = ctx.node_ranks();
   const int pos = static_cast<int>(std::find(nodes.begin(), nodes.end(), ctx.rank()) - nodes.begin());
@@ -129,7 +151,7 @@ TEST_F(GpuHeapWithGpu, PutGetAndSignalsBetweenTheRanksOfANode) {
   ctx.put_signal(buf.data() + kN, buf.data(), kN * 4, sig.data(), 1, SignalOp::add, to);  // GPU to GPU
   ctx.wait_until(sig.data(), Cmp::ge, 1);
   std::vector<std::uint32_t> back(2 * kN);
-  CUDA_OK(cudaMemcpy(back.data(), buf.data(), back.size() * 4, cudaMemcpyDeviceToHost));
+  copy_raw(back.data(), buf.data(), back.size() * 4);
   const std::vector<std::uint32_t> theirs = values(from, kN, 1);
   EXPECT_TRUE(std::equal(theirs.begin(), theirs.end(), back.begin())) << "put from rank " << from;
   // The second half is `from`'s first half: the values of `from`'s predecessor.
@@ -140,61 +162,101 @@ TEST_F(GpuHeapWithGpu, PutGetAndSignalsBetweenTheRanksOfANode) {
   std::vector<std::uint32_t> got(kN);
   ctx.get(got.data(), buf.data(), kN * 4, to);
   EXPECT_EQ(got, mine);
-  // put_nbi + quiet, then ptr(): the peer's heap as mapped here.
+  // put_nbi, put_signal_nbi and get_nbi, completed by quiet().
   const std::vector<std::uint32_t> second = values(ctx.rank(), kN, 2);
   ctx.put_nbi(buf.data() + kN, second.data(), kN * 4, to);
+  ctx.put_signal_nbi(buf.data() + kN / 2, second.data(), 64, sig.data(), 1, SignalOp::add, to);
   ctx.quiet();
+  ctx.wait_until(sig.data(), Cmp::ge, 2);
   ctx.barrier();
-  CUDA_OK(cudaMemcpy(back.data(), buf.data() + kN, kN * 4, cudaMemcpyDeviceToHost));
+  copy_raw(back.data(), buf.data(), 2 * kN * 4);
   const std::vector<std::uint32_t> their_second = values(from, kN, 2);
-  EXPECT_TRUE(std::equal(their_second.begin(), their_second.end(), back.begin())) << "put_nbi from rank " << from;
+  EXPECT_TRUE(std::equal(their_second.begin(), their_second.end(), back.begin() + kN)) << "put_nbi from " << from;
+  EXPECT_TRUE(std::equal(their_second.begin(), their_second.begin() + 16, back.begin() + kN / 2))
+      << "put_signal_nbi from rank " << from;
+  std::vector<std::uint32_t> got2(kN, 0);
+  ctx.get_nbi(got2.data(), buf.data() + kN, kN * 4, to);
+  ctx.quiet();
+  EXPECT_EQ(got2, second);
+  // ptr(): the peer's heap as mapped here.
   void* peer = ctx.ptr(buf.data(), 4, to);
   ASSERT_NE(peer, nullptr);
   std::uint32_t first = 0;
-  CUDA_OK(cudaMemcpy(&first, peer, 4, cudaMemcpyDefault));
+  copy_raw(&first, peer, 4);
   EXPECT_EQ(first, mine[0]);
-  // Errors on GPU addresses: past the object, an atomic on a GPU word.
+  // Errors on GPU addresses: past the object, an atomic or a signal word in the GPU heap, an unknown pointer.
+  const std::string me = "rank " + std::to_string(ctx.rank()) + ": ";
   test::expect_error(Errc::out_of_range, [&] { ctx.put(buf.data() + 2 * kN - 1, mine.data(), 8, to); },
-                     {"rank " + std::to_string(ctx.rank()) + ": put: ", "runs past the end of its object"});
-  test::expect_error(Errc::not_symmetric, [&] { ctx.atomic_add(reinterpret_cast<std::uint64_t*>(buf.data()), 1, to); },
-                     {"atomic_add: ", "is in the symmetric GPU heap"});
+                     {me + "put: ", "runs past the end of its object"});
+  test::expect_error(Errc::out_of_range, [&] { ctx.get(got.data(), buf.data() + 2 * kN - 1, 8, to); },
+                     {me + "get: ", "runs past the end of its object"});
+  auto* word = reinterpret_cast<std::uint64_t*>(buf.data());
+  test::expect_error(Errc::not_symmetric, [&] { ctx.atomic_add(word, 1, to); },
+                     {me + "atomic_add: ", "is in the symmetric GPU heap"});
+  test::expect_error(Errc::not_symmetric, [&] { ctx.signal_op(word, 1, SignalOp::set, to); },
+                     {me + "signal_op: ", "is in the symmetric GPU heap"});
+  test::expect_error(Errc::out_of_range, [&] { ctx.put(buf.data(), mine.data(), 4, ctx.size()); },
+                     {me + "put: ", "target rank " + std::to_string(ctx.size())});
   ctx.barrier();
   ctx.finalize();
 }
 
-TEST_F(GpuHeapWithGpu, FreeReuseAndOutOfHeap) {
-  Options o = test::with_heap(4u << 20);
-  o.gpu_heap_size = 8u << 20;
-  Context ctx(MPI_COMM_WORLD, o);
+TEST_P(GpuHeapCalls, FreeReuseAndOutOfHeap) {
+  Context ctx(MPI_COMM_WORLD, options(8u << 20));
   auto a = ctx.alloc_device<char>(1u << 20);
   char* where = a.data();
   a.free();
   auto b = ctx.alloc_device<char>(1u << 20);
   EXPECT_EQ(b.data(), where);
+  {
+    auto c = ctx.alloc_device<char>(1u << 20);  // released locally by its destructor
+    EXPECT_NE(c.data(), where);
+  }
+  auto d = ctx.alloc_device<char>(1u << 20);  // the next allocation takes its place again
+  EXPECT_EQ(d.data(), where + (1u << 20));
   try {
     (void)ctx.alloc_device<char>(std::size_t{1} << 30);
     ADD_FAILURE() << "1 GiB fit in an 8 MiB GPU heap";
   } catch (const OutOfHeap& e) {
     EXPECT_NE(std::string(e.what()).find("UBEP_GPU_HEAP_SIZE"), std::string::npos) << e.what();
   }
+  // A host object and a GPU object freed by different ranks in one call are a mismatch, not a free.
+  auto host = ctx.alloc<char>(64);
+  if (ctx.size() > 1) {
+    try {
+      if (ctx.rank() == 0) {
+        host.free();
+      } else {
+        b.free();
+      }
+      ADD_FAILURE() << "ranks freed a host and a GPU object in one call";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::collective_mismatch) << e.what();
+    }
+  }
   ctx.finalize();
 }
 
-TEST_F(GpuHeapWithGpu, PeersOfAnotherNodeAreRefused) {
-  Options o = test::with_heap(4u << 20);
-  o.gpu_heap_size = 8u << 20;
-  Context ctx(MPI_COMM_WORLD, o);
+TEST_P(GpuHeapCalls, PeersOfAnotherNodeAreRefused) {
+  Context ctx(MPI_COMM_WORLD, options(8u << 20));
   auto buf = ctx.alloc_device<std::uint64_t>(16);
   const std::uint64_t v = 1;
+  int refused = 0;
   for (int pe = 0; pe < ctx.size(); ++pe) {
     if (on_node(ctx, pe)) continue;
+    ++refused;
     test::expect_error(Errc::unsupported, [&] { ctx.put(buf.data(), &v, 8, pe); },
                        {"rank " + std::to_string(ctx.rank()) + ": put: ", "is on another node"});
     EXPECT_EQ(ctx.ptr(buf.data(), 8, pe), nullptr);
   }
+  EXPECT_EQ(refused, ctx.size() - static_cast<int>(ctx.node_ranks().size()));
   ctx.finalize();
 }
-#endif
+
+INSTANTIATE_TEST_SUITE_P(Heaps, GpuHeapCalls, ::testing::Values(Heap::emulated, Heap::cuda),
+                         [](const ::testing::TestParamInfo<Heap>& p) {
+                           return p.param == Heap::emulated ? std::string("emulated") : std::string("cuda");
+                         });
 
 }  // namespace
 }  // namespace ubep

@@ -1,4 +1,4 @@
-#include "transports/cuda/device_heap.hpp"
+#include "transports/device_heap.hpp"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -39,6 +39,33 @@ CUmemAllocationProp allocation_prop(int device) {
   return prop;
 }
 
+class CudaHeap final : public DeviceHeap {
+ public:
+  CudaHeap(std::size_t bytes, int device, Ipc ipc, const std::string& where);
+  ~CudaHeap() override { release(); }
+  void map_node(MPI_Comm node_comm, int world_rank, const char* call, std::chrono::duration<double> timeout,
+                const std::function<void(MPI_Request&)>& wait, const std::string& where) override;
+  void copy_async(void* dst, const void* src, std::size_t bytes, const std::string& where) override;
+  void synchronize(const std::string& where) override;
+  std::string describe() const override;
+
+ private:
+  struct Mapping {  // one imported fd-heap: its handle and reservation
+    CUmemGenericAllocationHandle handle = 0;
+    char* ptr = nullptr;
+  };
+  void release() noexcept;
+  char* map_handle(CUmemGenericAllocationHandle handle, const std::string& where, const std::string& what);
+
+  int device_ = 0;
+  Ipc ipc_ = Ipc::legacy;
+  std::size_t granularity_ = 0;
+  CUmemGenericAllocationHandle handle_ = 0;  // fd: this rank's allocation
+  cudaStream_t stream_ = nullptr;
+  std::vector<Mapping> imported_;     // fd: the peers' handles and reservations
+  std::vector<char*> legacy_opened_;  // legacy: pointers from cudaIpcOpenMemHandle
+};
+
 }  // namespace
 
 const char* to_string(Ipc ipc) noexcept {
@@ -60,7 +87,7 @@ DeviceChoice choose_device(const std::string& where) {
   return c;
 }
 
-DeviceHeap::DeviceHeap(std::size_t bytes, int device, Ipc ipc, const std::string& where) : device_(device), ipc_(ipc) {
+CudaHeap::CudaHeap(std::size_t bytes, int device, Ipc ipc, const std::string& where) : device_(device), ipc_(ipc) {
   const std::string on = " on device " + std::to_string(device);
   try {
     check_runtime(cudaSetDevice(device), where, "cudaSetDevice(" + std::to_string(device) + ")");
@@ -85,19 +112,17 @@ DeviceHeap::DeviceHeap(std::size_t bytes, int device, Ipc ipc, const std::string
                     "cudaMalloc of " + std::to_string(size_) + " bytes (UBEP_GPU_HEAP_SIZE)" + on);
       base_ = static_cast<char*>(p);
     }
-    cudaStream_t s = nullptr;
-    check_runtime(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), where, "cudaStreamCreateWithFlags" + on);
-    stream_ = s;
+    check_runtime(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), where, "cudaStreamCreateWithFlags" + on);
   } catch (...) {
     release();
     throw;
   }
 }
 
-char* DeviceHeap::map_handle(unsigned long long handle, const std::string& where, const char* what) {
+char* CudaHeap::map_handle(CUmemGenericAllocationHandle handle, const std::string& where, const std::string& what) {
   const gpu::Driver& d = gpu::driver();
   CUdeviceptr ptr = 0;
-  const std::string of = std::string(" of ") + what + " (" + std::to_string(size_) + " bytes)";
+  const std::string of = " of " + what + " (" + std::to_string(size_) + " bytes)";
   check_driver(d.mem_address_reserve(&ptr, size_, granularity_, 0, 0), where, "cuMemAddressReserve" + of);
   if (const CUresult rc = d.mem_map(ptr, size_, 0, handle, 0); rc != CUDA_SUCCESS) {
     d.mem_address_free(ptr, size_);
@@ -117,8 +142,8 @@ char* DeviceHeap::map_handle(unsigned long long handle, const std::string& where
   return reinterpret_cast<char*>(static_cast<std::uintptr_t>(ptr));
 }
 
-void DeviceHeap::map_node(MPI_Comm node_comm, int world_rank, const char* call, std::chrono::duration<double> timeout,
-                          const std::function<void(MPI_Request&)>& wait, const std::string& where) {
+void CudaHeap::map_node(MPI_Comm node_comm, int world_rank, const char* call, std::chrono::duration<double> timeout,
+                        const std::function<void(MPI_Request&)>& wait, const std::string& where) {
   int me = 0, n = 1;
   MPI_Comm_rank(node_comm, &me);
   MPI_Comm_size(node_comm, &n);
@@ -154,7 +179,7 @@ void DeviceHeap::map_node(MPI_Comm node_comm, int world_rank, const char* call, 
                    where, "cuMemImportFromShareableHandle of " + peer);
       char* p = nullptr;
       try {
-        p = map_handle(h, where, peer.c_str());
+        p = map_handle(h, where, peer);
       } catch (...) {
         d.mem_release(h);
         throw;
@@ -188,20 +213,20 @@ void DeviceHeap::map_node(MPI_Comm node_comm, int world_rank, const char* call, 
   }
 }
 
-void DeviceHeap::copy_async(void* dst, const void* src, std::size_t bytes, const std::string& where) {
-  check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)), where,
+void CudaHeap::copy_async(void* dst, const void* src, std::size_t bytes, const std::string& where) {
+  check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), where,
                 "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes");
 }
 
-void DeviceHeap::synchronize(const std::string& where) {
-  check_runtime(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), where,
+void CudaHeap::synchronize(const std::string& where) {
+  check_runtime(cudaStreamSynchronize(stream_), where,
                 "cudaStreamSynchronize (the copies into and out of the GPU heaps)");
 }
 
-void DeviceHeap::release() noexcept {
+void CudaHeap::release() noexcept {
   if (stream_) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
     stream_ = nullptr;
   }
   for (char* p : legacy_opened_) cudaIpcCloseMemHandle(p);
@@ -230,6 +255,13 @@ void DeviceHeap::release() noexcept {
   cudaGetLastError();
 }
 
-DeviceHeap::~DeviceHeap() { release(); }
+std::string CudaHeap::describe() const {
+  return std::to_string(size_) + " bytes on CUDA device " + std::to_string(device_) + ", shared with the node by " +
+         to_string(ipc_);
+}
+
+std::unique_ptr<DeviceHeap> make_device_heap(std::size_t bytes, int device, Ipc ipc, const std::string& where) {
+  return std::make_unique<CudaHeap>(bytes, device, ipc, where);
+}
 
 }  // namespace ubep::detail::cuda
