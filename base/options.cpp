@@ -148,6 +148,10 @@ Options Options::from_env() {
   if (const char* v = env("UBEP_PROGRESS_THREAD")) o.progress_thread = parse_bool(v, "UBEP_PROGRESS_THREAD");
   if (const char* v = env("UBEP_GPU")) o.gpu = parse_bool(v, "UBEP_GPU");
   if (const char* v = env("UBEP_GPU_EMULATE")) o.gpu_emulate = parse_bool(v, "UBEP_GPU_EMULATE");
+  if (const char* v = env("UBEP_GPU_STAGING_CHUNK")) {
+    o.gpu_staging_chunk = parse_size(v, "UBEP_GPU_STAGING_CHUNK");
+    if (o.gpu_staging_chunk == 0) bad("UBEP_GPU_STAGING_CHUNK", v, "must be positive");
+  }
   if (const char* v = env("UBEP_GPU_HEAP_SIZE")) {
     o.gpu_heap_size = parse_size(v, "UBEP_GPU_HEAP_SIZE");
     if (o.gpu_heap_size == 0) bad("UBEP_GPU_HEAP_SIZE", v, "must be positive");
@@ -210,6 +214,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back("UBEP_PROGRESS_INTERVAL_US=" + std::to_string(progress_interval_us));
   out.push_back(std::string("UBEP_GPU=") + (gpu ? "1" : "0"));
   out.push_back("UBEP_GPU_HEAP_SIZE=" + std::to_string(gpu_heap_size));
+  out.push_back("UBEP_GPU_STAGING_CHUNK=" + std::to_string(gpu_staging_chunk));
   out.push_back(std::string("UBEP_GPU_EMULATE=") + (gpu_emulate ? "1" : "0"));
   out.push_back("UBEP_VIRTUAL_NODES=" + virtual_nodes);
   out.push_back("UBEP_SCHEDULE=" + schedule);

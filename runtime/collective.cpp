@@ -115,7 +115,8 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
     int done = 0;
     UBEP_MPI_CHECK(rank, call, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    if (ucx) ucx->poll();  // a peer may wait for this rank's answer before it joins
+    if (ucx) ucx->poll();           // a peer may wait for this rank's answer before it joins
+    if (staged) progress_staged();  // ... or for the credits of its staged GPU transfers to this rank
     backoff.pause();
     if ((backoff.polls() & 63) == 0) answer_roll_call(*this);
     if (timeout.count() > 0 && (backoff.polls() & 63) == 0 && std::chrono::steady_clock::now() - start > timeout) {

@@ -4,19 +4,178 @@
 // fails together when one cannot take part: each step ends with an agreement on whether every rank succeeded,
 // before the next one starts.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "base/mpi_check.hpp"
+#include "base/poll.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/state.hpp"
+#include "transports/staging.hpp"
+#include "transports/transport.hpp"
 #include "ubep/config.hpp"
 #include "ubep/gpu.hpp"
 
 namespace ubep {
 namespace detail {
+
+// ---- the staged route: GPU-heap data to peers on other nodes ------------------------------------------------
+//
+// transports/staging.hpp's protocol over this rank's copy stream and its host routes. Buffers in the host heap
+// (one region, allocated collectively with the GPU heap when the job spans nodes), per rank r of the job and
+// slot k (kSlots per pair), each slot a 64-byte header followed by one chunk:
+//   inbox[r][k]   chunks from origin r          outbox[r][k]  chunks to target r, copied out of the device
+//   arrived[r][k] count of chunks origin r put into inbox[r][k] (its signal word; put_signal, add 1)
+//   credit[r][k]  count of chunks target r drained from its inbox slot k (target r's signal_op, add 1)
+// The origin's put returns when every chunk has landed in the target's GPU heap (every credit back) or, for
+// put_nbi, at once, completing at quiet()/flush(); the target drains its inbox when it calls into ubep (waits,
+// test*, progress(), quiet(), collectives), so a target that computes holds its origin's chunks back.
+
+namespace {
+
+constexpr int kSlots = 2;
+constexpr std::size_t kHeader = 64;
+static_assert(sizeof(staging::ChunkHeader) <= kHeader);
+
+}  // namespace
+
+struct StagedRoute {
+  /// The copy engine of both sides: the heap's copies, done when the copy stream has passed them. On the
+  /// target side a "device address" is an offset in this rank's GPU heap (what the origin can name).
+  struct Engine final : staging::CopyEngine {
+    State& s;
+    char* device_base;  // null on the origin side: addresses are pointers already
+    Ticket next = 0;
+    Engine(State& state, char* base) : s(state), device_base(base) {}
+    Ticket to_host(void* host, const void* device, std::size_t bytes) override {
+      s.device->heap->copy_async(host, device, bytes, s.prefix("GPU staging"));
+      return ++next;
+    }
+    Ticket to_device(void* device, const void* host, std::size_t bytes) override {
+      s.device->heap->copy_async(device_base + reinterpret_cast<std::uintptr_t>(device), host, bytes,
+                                 s.prefix("GPU staging"));
+      return ++next;
+    }
+    bool done(Ticket) override {
+      s.device->heap->synchronize(s.prefix("GPU staging"));
+      return true;
+    }
+  };
+  /// The origin's wire to target pe: a chunk and its header in one put_signal into pe's inbox slot.
+  struct PeerWire final : staging::Wire {
+    StagedRoute& r;
+    int pe;
+    std::vector<std::uint64_t> credits_seen = std::vector<std::uint64_t>(kSlots, 0);
+    PeerWire(StagedRoute& route, int target) : r(route), pe(target) {}
+    void send(int slot, const void* src, const staging::ChunkHeader& h) override {
+      auto* data = static_cast<char*>(const_cast<void*>(src));
+      std::memcpy(data - kHeader, &h, sizeof h);
+      // put_signal_nbi: the slot is not written again before its credit, which the target returns after the data
+      r.s.put_signal_checked(r.inbox(r.s.rank, slot), data - kHeader, kHeader + h.bytes, r.arrived(r.s.rank, slot), 1,
+                             SignalOp::add, pe, false);
+    }
+    std::vector<int> credits() override {
+      std::vector<int> out;
+      for (int k = 0; k < kSlots; ++k) {
+        const std::uint64_t v = r.word(r.credit(pe, k));
+        for (; credits_seen[k] < v; ++credits_seen[k]) out.push_back(k);
+      }
+      return out;
+    }
+  };
+  struct Peer {
+    std::unique_ptr<PeerWire> wire;
+    std::unique_ptr<staging::Origin> origin;
+    std::unique_ptr<staging::Target> target;
+    std::vector<std::uint64_t> arrived_seen = std::vector<std::uint64_t>(kSlots, 0);
+  };
+
+  State& s;
+  std::size_t region = 0, chunk = 0, slot_bytes = 0, n = 0;
+  Engine origin_engine, target_engine;
+  std::vector<Peer> peers;  // per world rank; empty members for the ranks of this node
+
+  StagedRoute(State& state, std::size_t region_offset, std::size_t chunk_bytes)
+      : s(state),
+        region(region_offset),
+        chunk(chunk_bytes),
+        slot_bytes(kHeader + chunk_bytes),
+        n(static_cast<std::size_t>(state.size)),
+        origin_engine(state, nullptr),
+        target_engine(state, state.device_base),
+        peers(n) {
+    const staging::Config config{chunk, kSlots};
+    for (int pe = 0; pe < s.size; ++pe) {
+      if (s.device->peer[pe] != nullptr) continue;  // this node: CUDA IPC
+      Peer& p = peers[pe];
+      std::vector<void*> out_slots, in_slots;
+      for (int k = 0; k < kSlots; ++k) {
+        out_slots.push_back(s.base + outbox(pe, k) + kHeader);
+        in_slots.push_back(s.base + inbox(pe, k) + kHeader);
+      }
+      p.wire = std::make_unique<PeerWire>(*this, pe);
+      p.origin = std::make_unique<staging::Origin>(config, origin_engine, *p.wire, std::move(out_slots));
+      p.target = std::make_unique<staging::Target>(
+          config, target_engine, std::move(in_slots),
+          [this, pe](int k) { s.signal_checked(credit(s.rank, k), 1, SignalOp::add, pe); },
+          [](const staging::ChunkHeader&) {});  // put_signal sends its signal after the transfer
+    }
+  }
+  static std::size_t region_bytes(std::size_t ranks, std::size_t chunk_bytes) {
+    return ranks * kSlots * (2 * (kHeader + chunk_bytes) + 2 * sizeof(std::uint64_t));
+  }
+  std::size_t inbox(int r, int k) const { return region + (static_cast<std::size_t>(r) * kSlots + k) * slot_bytes; }
+  std::size_t outbox(int r, int k) const { return inbox(r, k) + n * kSlots * slot_bytes; }
+  std::size_t arrived(int r, int k) const {
+    return region + 2 * n * kSlots * slot_bytes + (static_cast<std::size_t>(r) * kSlots + k) * 8;
+  }
+  std::size_t credit(int r, int k) const { return arrived(r, k) + n * kSlots * 8; }
+  std::uint64_t word(std::size_t off) const {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(s.base + off))
+        .load(std::memory_order_acquire);
+  }
+
+  /// One pass over every peer: arrived chunks handed to their Target, copies finished, credits returned,
+  /// queued chunks started. True when something moved.
+  bool progress() {
+    bool moved = false;
+    for (int pe = 0; pe < s.size; ++pe) {
+      Peer& p = peers[pe];
+      if (!p.origin) continue;
+      for (int k = 0; k < kSlots; ++k) {
+        if (p.arrived_seen[k] < word(arrived(pe, k))) {
+          ++p.arrived_seen[k];
+          staging::ChunkHeader h;
+          std::memcpy(&h, s.base + inbox(pe, k), sizeof h);
+          p.target->arrive(k, h);
+          moved = true;
+        }
+      }
+      moved = p.target->progress() | moved;
+      moved = p.origin->progress() | moved;
+    }
+    return moved;
+  }
+  bool idle() const {
+    for (const Peer& p : peers) {
+      if (p.origin && !p.origin->idle()) return false;
+    }
+    return true;
+  }
+  std::string pending() const {
+    std::string out;
+    for (int pe = 0; pe < s.size; ++pe) {
+      const Peer& p = peers[pe];
+      if (p.origin && !p.origin->idle()) out += "\n  to rank " + std::to_string(pe) + ": " + p.origin->pending();
+    }
+    return out;
+  }
+};
 
 namespace {
 
@@ -119,27 +278,71 @@ void create(State& s, const char* call) {
   s.device_base = mem->heap->base();
   s.device_size = mem->heap->size();
   s.device = std::move(mem);
+  if (s.node_ranks.size() < static_cast<std::size_t>(s.size)) {  // the job spans nodes: the staged route
+    const std::size_t chunk = (s.options.gpu_staging_chunk + 63) / 64 * 64;
+    const std::size_t bytes = StagedRoute::region_bytes(s.size, chunk);
+    const char* what = "alloc_device (the staged route's host buffers, UBEP_GPU_STAGING_CHUNK)";
+    const std::optional<std::size_t> off = alloc_agreed(s, what, CollKind::alloc, s.heap, bytes, 64);
+    if (!off) throw_out_of_heap(s, what, s.heap, s.heap_size, "UBEP_HEAP_SIZE", bytes, 64);
+    std::memset(s.base + *off, 0, bytes);
+    // No rank may send a chunk before every rank has zeroed its counters.
+    s.collective(what, CollKind::signals, {static_cast<std::int64_t>(bytes)}, {"bytes"});
+    s.device->staged = std::make_unique<StagedRoute>(s, *off, chunk);
+    s.staged = s.device->staged.get();
+  }
 }
 
 }  // namespace
 
+DeviceMemory::DeviceMemory() = default;
+DeviceMemory::~DeviceMemory() = default;
+
+void State::progress_staged() {
+  if (staged->progress()) flush_pending_signals();  // credits on the mpi route go out now, not at the next call
+}
+
 void State::synchronize_device(const char* call) {
   device->heap->synchronize(prefix(call));
+  if (staged && !staged->idle()) {
+    // Every chunk of this rank's staged transfers on a target's GPU: the targets must progress (they do in
+    // every ubep call); this rank drives its own side and serves its peers meanwhile.
+    const auto start = std::chrono::steady_clock::now();
+    const double timeout = options.wait_timeout.count();
+    Backoff backoff(options.poll);
+    while (!staged->idle()) {
+      if (staged->progress()) {
+        flush_pending_signals();
+        continue;
+      }
+      if (ucx) ucx->poll();
+      if (backoff.pause() && mpi) mpi->progress(comm);
+      if (timeout > 0 && (backoff.polls() & 15) == 0 &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
+        fail(Errc::timeout, call,
+             "waited " + std::to_string(timeout) +
+                 " s (UBEP_WAIT_TIMEOUT) for the staged GPU transfers to other nodes; a target drains them only "
+                 "when it calls into ubep. Still pending:" +
+                 staged->pending());
+      }
+    }
+  }
   device_pending = false;
 }
 
 namespace {
 
-/// The offset of [addr, addr + bytes) in the GPU heap and pe's heap as mapped here; throws naming the call.
-std::pair<std::size_t, char*> device_target(State& s, const char* call, const void* addr, std::size_t bytes, int pe) {
+/// The offset of [addr, addr + bytes) in the GPU heap and pe's heap as mapped here (null: another node,
+/// reached by the staged route, or refused when `staged_ok` is false); throws naming the call.
+std::pair<std::size_t, char*> device_target(State& s, const char* call, const void* addr, std::size_t bytes, int pe,
+                                            bool staged_ok) {
   const std::size_t off = check_heap_range(s, call, addr, bytes, s.device_base, s.device_size, s.device->alloc,
                                            "symmetric GPU heap", "pass a pointer into an object from alloc_device");
   char* peer = s.device->peer[pe];
-  if (peer == nullptr) {
+  if (peer == nullptr && !staged_ok) {
     s.fail(Errc::unsupported, call,
            "rank " + std::to_string(pe) + " is on another node (route " + to_string(s.routes[pe]) +
-               "): its GPU heap is reached only from its node (CUDA IPC); GPU memory between nodes has no route "
-               "yet (README \"GPUs\"): move it through host memory (Context::alloc)");
+               "): its GPU heap is reached by the staged route, which carries puts only: let rank " +
+               std::to_string(pe) + " put the data, or move it through host memory (Context::alloc)");
   }
   return {off, peer};
 }
@@ -147,14 +350,19 @@ std::pair<std::size_t, char*> device_target(State& s, const char* call, const vo
 }  // namespace
 
 void State::device_put(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
-  const auto [off, peer] = device_target(*this, call, dest, bytes, pe);
-  device->heap->copy_async(peer + off, src, bytes, prefix(call));
+  const auto [off, peer] = device_target(*this, call, dest, bytes, pe, true);
+  if (peer != nullptr) {
+    device->heap->copy_async(peer + off, src, bytes, prefix(call));
+  } else {
+    staged->peers[pe].origin->put(src, off, bytes, 0);
+    progress_staged();  // the first chunks start now
+  }
   device_pending = true;
   if (complete) synchronize_device(call);
 }
 
 void State::device_get(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
-  const auto [off, peer] = device_target(*this, call, src, bytes, pe);
+  const auto [off, peer] = device_target(*this, call, src, bytes, pe, false);
   device->heap->copy_async(dest, peer + off, bytes, prefix(call));
   device_pending = true;
   if (complete) synchronize_device(call);
@@ -191,7 +399,8 @@ namespace detail {
 std::string gpu_heap_description(const State& s) {
   if (!s.device) {
     return "not created (the first alloc_device creates UBEP_GPU_HEAP_SIZE=" + std::to_string(s.options.gpu_heap_size) +
-           " bytes on the current CUDA device)";
+           (s.options.gpu_emulate ? " bytes of host memory EMULATING a GPU: UBEP_GPU_EMULATE=1, testing)"
+                                  : " bytes on the current CUDA device)");
   }
   return s.device->heap->describe();
 }
@@ -200,8 +409,9 @@ std::string gpu_path(const State& s, int pe) {
   if (pe == s.rank) return "self: copies within this rank's GPU heap";
   if (std::find(s.node_ranks.begin(), s.node_ranks.end(), pe) != s.node_ranks.end())
     return "CUDA IPC: the node peer's GPU heap mapped here, copies on ubep's stream";
-  return std::string("none: another node (route ") + to_string(s.routes[pe]) +
-         "), GPU memory between nodes has no route yet";
+  return std::string("staged: another node, device -> host -> route ") + to_string(s.routes[pe]) +
+         " -> host -> device in chunks of UBEP_GPU_STAGING_CHUNK=" + std::to_string(s.options.gpu_staging_chunk) +
+         " (puts only)";
 }
 
 }  // namespace detail

@@ -34,6 +34,7 @@ void State::issue_pending_signals() {
 
 void State::progress() {
   flush_pending_signals();
+  if (staged) progress_staged();
   if (ucx) ucx->poll();
   if (mpi) mpi->progress(comm);
 }
@@ -196,7 +197,8 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
     // blocks until one arrives (a poll would never yield to the simulation; SimGrid reports a deadlock
     // when every rank blocks): no deadline there.
     if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
-    if (s.ucx) s.ucx->poll();  // the peers' messages land only while this rank progresses its worker
+    if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
+    if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
     if (backoff.pause() && s.mpi && !messages) s.mpi->progress(s.comm);  // messages: deliver() progressed
     if (timeout > 0 && (backoff.polls() & 15) == 0) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -209,6 +211,52 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
 
 void State::check_wait(const char* call, std::span<const std::uint64_t> sigs, const WaitOptions& opts) const {
   check_signals(*this, call, sigs, Targets{0, {}}, opts);
+}
+
+void State::put_signal_checked(std::size_t off, const void* src, std::size_t bytes, std::size_t soff,
+                               std::uint64_t value, SignalOp op, int pe, bool blocking) {
+  if (char* m = mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
+    if (bytes) std::memcpy(m + off, src, bytes);
+    apply_posted(m, soff, atomic_of(op), value);  // complete on return, nbi too
+    return;
+  }
+  Transport& data = data_route(pe);
+  Transport& at = atomics_of(pe);
+  if (&data == &at && data.put_with_signal(off, src, bytes, atomic_of(op), soff, value, pe, blocking)) {
+    return;  // ucx: one message; nbi: `src` locally complete at quiet() or flush(pe)
+  }
+  if (bytes) data.put_nbi(off, src, bytes, pe);
+  if (!blocking) {
+    if (&at != mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
+      at.post_signal(atomic_of(op), soff, value, pe);
+    } else {
+      pending_signals.push_back({soff, value, op, pe});
+    }
+    return;
+  }
+  if (&data != &at) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
+  flush_pending_signals();                                                // keep signals to one word in program order
+  // post_signal flushes the peer first when data is in flight, which also completes the put locally.
+  at.post_signal(atomic_of(op), soff, value, pe);
+}
+
+void State::signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe) {
+  if (char* m = mapped_signals[pe]; m != nullptr && !ucx) {  // with UCX, ucx-route puts are ordered first
+    apply_posted(m, soff, atomic_of(op), value);
+    return;
+  }
+  Transport& at = atomics_of(pe);
+  // Ordered after this rank's puts to every peer: UCX orders only the stream to one peer, so the data
+  // still in flight to the other ucx peers is flushed first (one round trip for all of them).
+  if (ucx) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before a UCX signal
+    ucx->order_before_signal(pe);
+  }
+  if (&at != mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
+    at.post_signal(atomic_of(op), soff, value, pe);
+  } else {
+    pending_signals.push_back({soff, value, op, pe});
+  }
 }
 
 }  // namespace detail
@@ -229,19 +277,7 @@ void Context::put_signal(void* dest, const void* src, std::size_t bytes, std::ui
     s.device_put("put_signal", dest, src, bytes, pe, true);
     bytes = 0;
   }
-  if (char* m = s.mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
-    if (bytes) std::memcpy(m + off, src, bytes);
-    detail::apply_posted(m, soff, detail::atomic_of(op), value);
-    return;
-  }
-  detail::Transport& data = s.data_route(pe);
-  detail::Transport& at = s.atomics_of(pe);
-  if (&data == &at && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe, true)) return;
-  if (bytes) data.put_nbi(off, src, bytes, pe);
-  if (&data != &at) std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data, MPI signal
-  s.flush_pending_signals();                                              // keep signals to one word in program order
-  // post_signal flushes the peer first when data is in flight, which also completes the put locally.
-  at.post_signal(detail::atomic_of(op), soff, value, pe);
+  s.put_signal_checked(off, src, bytes, soff, value, op, pe, true);
 }
 
 void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
@@ -257,22 +293,7 @@ void Context::put_signal_nbi(void* dest, const void* src, std::size_t bytes, std
     s.device_put("put_signal_nbi", dest, src, bytes, pe, true);
     bytes = 0;
   }
-  if (char* m = s.mapped_signals[pe]) {  // as put_signal: complete on return
-    if (bytes) std::memcpy(m + off, src, bytes);
-    detail::apply_posted(m, soff, detail::atomic_of(op), value);
-    return;
-  }
-  detail::Transport& data = s.data_route(pe);
-  detail::Transport& at = s.atomics_of(pe);
-  if (&data == &at && data.put_with_signal(off, src, bytes, detail::atomic_of(op), soff, value, pe, false)) {
-    return;  // ucx: one message; `src` locally complete at quiet() or flush(pe)
-  }
-  if (bytes) data.put_nbi(off, src, bytes, pe);
-  if (&at != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
-    at.post_signal(detail::atomic_of(op), soff, value, pe);
-  } else {
-    s.pending_signals.push_back({soff, value, op, pe});
-  }
+  s.put_signal_checked(off, src, bytes, soff, value, op, pe, false);
 }
 
 void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe) {
@@ -281,22 +302,7 @@ void Context::signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, in
   s.check_pe("signal_op", pe);
   const std::size_t soff = s.check_word("signal_op", sig);
   s.complete_device("signal_op");
-  if (char* m = s.mapped_signals[pe]; m != nullptr && !s.ucx) {  // with UCX, ucx-route puts are ordered first
-    detail::apply_posted(m, soff, detail::atomic_of(op), value);
-    return;
-  }
-  detail::Transport& at = s.atomics_of(pe);
-  // Ordered after this rank's puts to every peer: UCX orders only the stream to one peer, so the data
-  // still in flight to the other ucx peers is flushed first (one round trip for all of them).
-  if (s.ucx) {
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before a UCX signal
-    s.ucx->order_before_signal(pe);
-  }
-  if (&at != s.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
-    at.post_signal(detail::atomic_of(op), soff, value, pe);
-  } else {
-    s.pending_signals.push_back({soff, value, op, pe});
-  }
+  s.signal_checked(soff, value, op, pe);
 }
 
 std::uint64_t Context::signal_fetch(const std::uint64_t* sig) const {

@@ -25,6 +25,7 @@ namespace ubep::detail {
 
 struct GpuStreams;    // runtime/gpu_streams.hpp
 struct DeviceMemory;  // runtime/device_memory.hpp: the symmetric GPU heap
+struct StagedRoute;   // runtime/device.cpp: its staged route to other nodes
 
 /// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
 /// mismatched calls are reported instead of corrupting memory or hanging.
@@ -116,6 +117,9 @@ class State {
   std::size_t device_size = 0;
   bool device_pending = false;  // device copies issued and not yet complete (put_nbi, get_nbi)
   std::unique_ptr<DeviceMemory> device;
+  StagedRoute* staged = nullptr;  // device->staged: the staged route of GPU-heap data to other nodes, or null
+  /// Moves the staged route on (arrivals, copies, credits): in every wait, progress() and collective.
+  void progress_staged();
   /// True for an address in this rank's GPU heap (one subtraction and compare; false before it exists).
   bool device_holds(const void* p) const noexcept {
     return reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(device_base) < device_size;
@@ -163,6 +167,12 @@ class State {
   [[noreturn]] void fail_misaligned(const char* call, const void* addr) const;
   /// The argument checks of a wait on `sigs` (alive, range, alignment, WaitOptions::writers); signals.cpp.
   void check_wait(const char* call, std::span<const std::uint64_t> sigs, const WaitOptions& opts) const;
+  /// The bodies of put_signal (`blocking`), put_signal_nbi and signal_op after their checks (signals.cpp): data
+  /// at heap offset `off`, then the signal at `soff`, on pe's routes; also for ubep's own messages (the staged
+  /// GPU route).
+  void put_signal_checked(std::size_t off, const void* src, std::size_t bytes, std::size_t soff, std::uint64_t value,
+                          SignalOp op, int pe, bool blocking);
+  void signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe);
   /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
   std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family);
   Transport& data_route(int pe) const { return *transport_of[pe]; }

@@ -43,11 +43,21 @@
 ///    non-fetching atomic, an update of a word while an earlier one of it is in flight and one of the two
 ///    is an 8-byte signal put; and once 4096 signals and non-fetching atomics are in flight, every peer.
 ///  - GPU heap: for a symmetric address in the GPU heap (alloc_device) the notes of put, get, put_nbi, get_nbi,
-///    put_signal and put_signal_nbi read, whatever route(pe) says for host memory: pe must be on this rank's
-///    node (else Errc::unsupported); the data moves as one cudaMemcpyAsync on ubep's stream into (out of)
-///    pe's heap mapped here; put, get, put_signal and put_signal_nbi wait for it (local and remote
-///    completion on return), put_nbi and get_nbi complete at the next quiet() or flush(); fence(),
-///    signal_op and every put_signal first complete this rank's earlier device copies. No MPI is involved.
+///    put_signal and put_signal_nbi read instead:
+///     - pe on this rank's node (node_ranks(), whatever route(pe) says for host memory): one cudaMemcpyAsync
+///       on ubep's stream into (out of) pe's heap mapped here, no MPI; put, get, put_signal and
+///       put_signal_nbi wait for it (local and remote completion on return), put_nbi and get_nbi complete at
+///       the next quiet() or flush();
+///     - pe on another node: puts only (gets throw Errc::unsupported), through the staged route: chunks of
+///       UBEP_GPU_STAGING_CHUNK, device -> host -> pe's host route -> host -> device, at most 2 in flight per
+///       pair, each acknowledged by pe once it is on pe's device. put, put_signal and put_signal_nbi return
+///       when every chunk is acknowledged (local and remote completion), put_nbi at once (`src` unchanged
+///       until the next quiet() or flush(), which wait for the acknowledgements). pe acknowledges only while
+///       it runs ubep code (waits, test*, progress(), quiet(), collectives); these calls block at most
+///       UBEP_WAIT_TIMEOUT, then throw Errc::timeout naming every pending chunk; the transfer goes on and a
+///       later quiet() completes it;
+///     - fence(), flush(), quiet(), signal_op and every put_signal first complete this rank's earlier device
+///       copies and staged transfers, so a signal never overtakes GPU-heap data issued before it.
 ///  - "at most UBEP_WAIT_TIMEOUT": the call throws Errc::timeout when its deadline passes, as below.
 ///
 /// Deadlines. Waits (wait_until*, and the MoE calls built on them) poll with the deadline
@@ -206,9 +216,11 @@ class Context {
   /// UBEP_GPU_HEAP_SIZE bytes on the CUDA device current on the calling thread (cudaSetDevice before it) and
   /// maps the heaps of this rank's node peers (CUDA IPC); every later call hands out objects in it. put, get,
   /// put_nbi, get_nbi, put_signal, put_signal_nbi and ptr() accept pointers into it for this rank and the
-  /// ranks of its node (node_ranks(), whatever route() says for host memory); a peer on another node gets
-  /// Errc::unsupported (no staged route yet), and so do atomics and signal words in it (they live in the host
-  /// heap: alloc, alloc_signals). Throws, on every rank together: Errc::unsupported when some rank has no
+  /// ranks of its node (node_ranks(), whatever route() says for host memory; CUDA IPC), puts also for ranks of
+  /// other nodes (the staged route: "GPU heap" above); atomics and signal words in it get
+  /// Errc::not_symmetric (they live in the host heap: alloc, alloc_signals). When the job spans nodes, the
+  /// first call also takes the staged route's buffers from the host heap (4 UBEP_GPU_STAGING_CHUNK per rank
+  /// of the job). Throws, on every rank together: Errc::unsupported when some rank has no
   /// usable GPU, the build has no CUDA, or the ranks of a node cannot map each other's heaps (naming the rank
   /// and CUDA's answer; the context stays usable for host memory and a later call tries again); OutOfHeap
   /// naming UBEP_GPU_HEAP_SIZE; the errors of alloc.

@@ -8,8 +8,8 @@
 ///  - Signals and destinations are words and ranges of the symmetric host heap, of this rank (waits) or of
 ///    a peer whose data and signals are load/store: route(pe) is self or shm and atomics_through_mpi() is
 ///    false (with UCX in use, mapped peers keep load/store atomics). Other peers throw Errc::unsupported
-///    naming the route, or saying that the signals go through MPI; the staged route to other nodes is not
-///    built yet.
+///    naming the route, or saying that the signals go through MPI; stream calls do not take the staged route
+///    to other nodes (Context::put_signal does, for GPU-heap data).
 ///  - A stream call is ordered after the stream's earlier work, not after this rank's host-side calls: puts
 ///    on the mpi or ucx route that the signal must cover need quiet() before the stream call is enqueued.
 ///  - A signal `set` from a stream is a release store at system scope after a system-scope fence, so a CPU

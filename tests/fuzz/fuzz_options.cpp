@@ -19,11 +19,12 @@
 
 namespace {
 
-constexpr const char* kVars[] = {"UBEP_HEAP_SIZE",      "UBEP_WAIT_TIMEOUT",    "UBEP_POLL",
-                                 "UBEP_TRANSPORTS",     "UBEP_PROGRESS_THREAD", "UBEP_PROGRESS_INTERVAL_US",
-                                 "UBEP_VIRTUAL_NODES",  "UBEP_SCHEDULE",        "UBEP_TOPOLOGY_FILE",
-                                 "UBEP_TOPOLOGY_PROBE", "UBEP_RUN_AHEAD",       "UBEP_MPI_SIGNAL",
-                                 "UBEP_UCX_MODE",       "UBEP_MPI_BOUNDED",     "UBEP_GPU_HEAP_SIZE"};
+constexpr const char* kVars[] = {"UBEP_HEAP_SIZE",         "UBEP_WAIT_TIMEOUT",    "UBEP_POLL",
+                                 "UBEP_TRANSPORTS",        "UBEP_PROGRESS_THREAD", "UBEP_PROGRESS_INTERVAL_US",
+                                 "UBEP_VIRTUAL_NODES",     "UBEP_SCHEDULE",        "UBEP_TOPOLOGY_FILE",
+                                 "UBEP_TOPOLOGY_PROBE",    "UBEP_RUN_AHEAD",       "UBEP_MPI_SIGNAL",
+                                 "UBEP_UCX_MODE",          "UBEP_MPI_BOUNDED",     "UBEP_GPU_HEAP_SIZE",
+                                 "UBEP_GPU_STAGING_CHUNK", "UBEP_GPU_EMULATE"};
 constexpr int kNumVars = sizeof kVars / sizeof kVars[0];
 
 void clear_env() {
@@ -109,6 +110,8 @@ void check_round_trip(const ubep::Options& o) {
   const double ta = o.wait_timeout.count(), tb = b.wait_timeout.count();
   UBEP_FUZZ_CHECK(b.heap_size == o.heap_size, "heap_size");
   UBEP_FUZZ_CHECK(b.gpu_heap_size == o.gpu_heap_size, "gpu_heap_size");
+  UBEP_FUZZ_CHECK(b.gpu_staging_chunk == o.gpu_staging_chunk, "gpu_staging_chunk");
+  UBEP_FUZZ_CHECK(b.gpu_emulate == o.gpu_emulate, "gpu_emulate");
   UBEP_FUZZ_CHECK(ta == tb, "wait_timeout " + std::to_string(ta));  // F2 (fixed): %.17g reads back exactly
   UBEP_FUZZ_CHECK(b.poll.spin == o.poll.spin && b.poll.yield == o.poll.yield &&
                       b.poll.sleep_max_us == o.poll.sleep_max_us && b.poll.progress_every == o.poll.progress_every,

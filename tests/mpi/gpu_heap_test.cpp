@@ -6,11 +6,13 @@
 //  - on a heap emulated in host memory (UBEP_GPU_EMULATE, every run) and on a GPU (tests/gpu/check.sh): put, get,
 //    the nbi calls + quiet, put_signal GPU to GPU and ptr() between the ranks of a node (2 processes on one GPU
 //    share it through CUDA IPC), data checked outside ubep (cudaMemcpy, memcpy); argument errors on GPU
-//    addresses; peers of another (emulated) node refused; free, reuse, a host/GPU free mismatch and OutOfHeap.
+//    addresses; free, reuse, a host/GPU free mismatch and OutOfHeap; puts to every rank of the other (emulated)
+//    nodes through the staged route, from host and from GPU memory, many chunks each, gets there refused.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -56,7 +58,7 @@ TEST(GpuHeap, InfoSaysHowGpuDataReachesEachPeer) {
   ASSERT_EQ(info.gpu_peers.size(), static_cast<std::size_t>(ctx.size()));
   for (int pe = 0; pe < ctx.size(); ++pe) {
     const std::string& p = info.gpu_peers[pe];
-    const std::string want = pe == ctx.rank() ? "self" : on_node(ctx, pe) ? "CUDA IPC" : "none: another node";
+    const std::string want = pe == ctx.rank() ? "self" : on_node(ctx, pe) ? "CUDA IPC" : "staged: another node";
     EXPECT_EQ(p.rfind(want, 0), 0u) << "rank " << ctx.rank() << " to " << pe << ": " << p;
   }
   ctx.finalize();
@@ -237,19 +239,83 @@ TEST_P(GpuHeapCalls, FreeReuseAndOutOfHeap) {
   ctx.finalize();
 }
 
-TEST_P(GpuHeapCalls, PeersOfAnotherNodeAreRefused) {
-  Context ctx(MPI_COMM_WORLD, options(8u << 20));
-  auto buf = ctx.alloc_device<std::uint64_t>(16);
-  const std::uint64_t v = 1;
-  int refused = 0;
-  for (int pe = 0; pe < ctx.size(); ++pe) {
-    if (on_node(ctx, pe)) continue;
-    ++refused;
-    test::expect_error(Errc::unsupported, [&] { ctx.put(buf.data(), &v, 8, pe); },
-                       {"rank " + std::to_string(ctx.rank()) + ": put: ", "is on another node"});
-    EXPECT_EQ(ctx.ptr(buf.data(), 8, pe), nullptr);
+TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsToOtherNodes) {
+  Options o = options(16u << 20);
+  o.gpu_staging_chunk = 64u << 10;
+  Context ctx(MPI_COMM_WORLD, o);
+  const int me = ctx.rank(), p = ctx.size();
+  constexpr std::size_t kN = 100000;  // 400000 bytes: 6 chunks and a part, more than the 2 slots in flight
+  auto buf = ctx.alloc_device<std::uint32_t>(kN * static_cast<std::size_t>(p));  // part r: what rank r sends
+  auto sig = ctx.alloc_signals(static_cast<std::size_t>(p));
+  std::vector<int> far;
+  for (int pe = 0; pe < p; ++pe) {
+    if (!on_node(ctx, pe)) far.push_back(pe);
   }
-  EXPECT_EQ(refused, ctx.size() - static_cast<int>(ctx.node_ranks().size()));
+  const RuntimeInfo info = ctx.info();
+  for (int pe : far) EXPECT_EQ(info.gpu_peers[pe].rfind("staged: another node", 0), 0u) << info.gpu_peers[pe];
+  std::uint32_t* part = buf.data() + static_cast<std::size_t>(me) * kN;
+  // put_signal from host memory: every rank to every rank of the other nodes at once (each serves the others'
+  // chunks while it waits for its own credits), then the signal, after the data.
+  const std::vector<std::uint32_t> first = values(me, kN, 3);
+  for (int pe : far) ctx.put_signal(part, first.data(), kN * 4, sig.data() + me, 1, SignalOp::set, pe);
+  std::vector<std::uint32_t> back(kN);
+  for (int from : far) {
+    ctx.wait_until(sig.data() + from, Cmp::eq, 1);
+    copy_raw(back.data(), buf.data() + static_cast<std::size_t>(from) * kN, kN * 4);
+    EXPECT_EQ(back, values(from, kN, 3)) << "put_signal from rank " << from << " to rank " << me;
+  }
+  ctx.barrier();
+  // put_nbi from the GPU heap itself (device -> host -> wire -> host -> device), completed by quiet().
+  const std::vector<std::uint32_t> second = values(me, kN, 4);
+  ctx.put(part, second.data(), kN * 4, me);
+  for (int pe : far) ctx.put_nbi(part, part, kN * 4, pe);
+  ctx.quiet();
+  ctx.barrier();
+  for (int from : far) {
+    copy_raw(back.data(), buf.data() + static_cast<std::size_t>(from) * kN, kN * 4);
+    EXPECT_EQ(back, values(from, kN, 4)) << "put_nbi from rank " << from << " to rank " << me;
+  }
+  // Gets reach only this node; ptr() has no mapping of another node's heap.
+  std::uint32_t one = 0;
+  for (int pe : far) {
+    test::expect_error(Errc::unsupported, [&] { ctx.get(&one, part, 4, pe); },
+                       {"rank " + std::to_string(me) + ": get: ", "is on another node", "carries puts only"});
+    test::expect_error(Errc::unsupported, [&] { ctx.get_nbi(&one, part, 4, pe); }, {"get_nbi: "});
+    EXPECT_EQ(ctx.ptr(part, 4, pe), nullptr);
+  }
+  ctx.barrier();
+  ctx.finalize();
+}
+
+TEST_P(GpuHeapCalls, AStagedPutToATargetOutsideUbepEndsAtTheDeadline) {
+  Options o = options(16u << 20);
+  o.gpu_staging_chunk = 64u << 10;
+  o.wait_timeout = std::chrono::seconds(1);
+  Context ctx(MPI_COMM_WORLD, o);
+  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
+    ctx.finalize();
+    GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
+  }
+  constexpr std::size_t kN = 100000;
+  auto buf = ctx.alloc_device<std::uint32_t>(kN);
+  int target = 0;
+  while (on_node(ctx, target)) ++target;  // rank 0's first peer on another node
+  const std::vector<std::uint32_t> data = values(0, kN, 5);
+  if (ctx.rank() == 0) {
+    // The target sits in a plain MPI_Barrier (outside ubep) until this rank joins it: no credit comes back.
+    test::expect_error(
+        Errc::timeout, [&] { ctx.put(buf.data(), data.data(), kN * 4, target); },
+        {"rank 0: put: ", "UBEP_WAIT_TIMEOUT", "to rank " + std::to_string(target) + ": ", "awaiting its credit"});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The target is back in ubep: the transfer that timed out completes at the next quiet().
+  ctx.quiet();
+  ctx.barrier();
+  if (ctx.rank() == target) {
+    std::vector<std::uint32_t> back(kN);
+    copy_raw(back.data(), buf.data(), kN * 4);
+    EXPECT_EQ(back, data);
+  }
   ctx.finalize();
 }
 
