@@ -2,13 +2,14 @@
 """Smoke check of one ubep benchmark run: shape and correctness of its output, never its speed.
 
 Usage: check_output.py --impls ubep,mpi_rma --metric latency_us [--route mpi] [--ubep-routes mpi,ucx]
-                       [--max-size 4096] [--csv] -- mpirun -np 2 ./ubep_put_latency --max-size 4096 ...
+                       [--max-size 4096] [--csv] [--memory device] -- mpirun -np 2 ./ubep_put_latency ...
 
 Runs the command with `--json FILE` appended, and fails (exit 1) unless
   - the command exits 0 (a benchmark exits non-zero when a payload check fails);
   - the JSON names the benchmark, the ubep and MPI versions, 2 ranks, a known default route (the expected
     one with --route), the routes ubep was timed over (with --ubep-routes: exactly that set, or
-    `default`: the default route alone) and the UBEP_* settings;
+    `default`: the default route alone), the UBEP_* settings, and with --memory the memory of the run (device:
+    with the GPU heap described);
   - the sizes double from 0 or 1 up to --max-size, and every size has exactly one record per implementation
     in --impls (for ubep: one per route), with a positive finite value (raw_shm may be null only when
     marked unavailable);
@@ -53,6 +54,10 @@ def check_json(doc, args):
         fail(f"expected the {args.route} route, the benchmark used {doc['route']}")
     if "UBEP_TRANSPORTS" not in doc["settings"]:
         fail("the settings lack UBEP_TRANSPORTS")
+    if args.memory != "any" and doc.get("memory") != args.memory:
+        fail(f"expected --memory {args.memory}, the JSON says {doc.get('memory')!r}")
+    if args.memory == "device" and "GPU" not in doc.get("gpu_heap", ""):
+        fail(f"--memory device without a GPU heap description: {doc.get('gpu_heap')!r}")
     routes = doc.get("routes")
     if not isinstance(routes, list) or not routes or len(set(routes)) != len(routes) or set(routes) - ROUTES:
         fail(f"bad list of ubep routes {routes!r}")
@@ -154,6 +159,7 @@ def main():
                    help="the routes ubep must be timed over: a list (e.g. mpi,ucx), or default (the default alone)")
     p.add_argument("--max-size", type=int, default=4096)
     p.add_argument("--csv", action="store_true")
+    p.add_argument("--memory", default="any", help="the expected --memory of the run (host, device)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command

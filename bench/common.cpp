@@ -82,6 +82,34 @@ bool check_pattern(const void* src, std::size_t bytes, std::uint32_t seed, const
   return true;
 }
 
+ubep::Symmetric<std::byte> Bench::alloc(ubep::Context& ctx, std::size_t bytes) const {
+  return device_memory() ? ctx.alloc_device<std::byte>(bytes) : ctx.alloc<std::byte>(bytes);
+}
+
+void Bench::fill(ubep::Context& ctx, std::byte* dst, std::size_t bytes, std::uint32_t seed) const {
+  if (!device_memory()) return fill_pattern(dst, bytes, seed);
+  std::vector<std::byte> host(bytes);
+  fill_pattern(host.data(), bytes, seed);
+  ctx.put(dst, host.data(), bytes, ctx.rank());  // into this rank's GPU heap, complete on return
+}
+
+void Bench::zero(ubep::Context& ctx, std::byte* dst, std::size_t bytes) const {
+  if (!device_memory()) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  const std::vector<std::byte> host(bytes);
+  ctx.put(dst, host.data(), bytes, ctx.rank());
+}
+
+bool Bench::check(ubep::Context& ctx, const std::byte* src, std::size_t bytes, std::uint32_t seed,
+                  const char* what) const {
+  if (!device_memory()) return check_pattern(src, bytes, seed, what);
+  std::vector<std::byte> host(bytes);
+  ctx.get(host.data(), src, bytes, ctx.rank());
+  return check_pattern(host.data(), bytes, seed, what);
+}
+
 Window::Window(Kind kind, std::size_t bytes, MPI_Comm comm) {
   // Baseline windows are built exactly as OSU builds them (no info hints), then held in one passive
   // epoch for their whole life, like osu_*_latency with -w allocate -s lock_all.
@@ -342,6 +370,12 @@ void Bench::start(const std::vector<std::string>& notes, std::vector<Column> col
     head.push_back("binding: " + s.binding.summary + where);
   }
   head.push_back("MPI thread level: " + s.mpi_thread);
+  if (device_memory()) {
+    head.push_back("memory: device (--memory device, OSU's -d cuda): ubep's buffers in the GPU heap, " +
+                   ctx.info().gpu_heap + "; the MPI baselines on host memory (Debian's MPIs are not CUDA-aware)");
+  } else {
+    head.push_back("memory: host");
+  }
   head.push_back("iterations: " + std::to_string(s.iterations) + " below " + std::to_string(s.large_size) + " B, " +
                  std::to_string(s.iterations_large) + " from " + std::to_string(s.large_size) +
                  " B; warm-up: " + std::to_string(s.warmup) + " / " + std::to_string(s.warmup_large) +
@@ -359,6 +393,8 @@ void Bench::start(const std::vector<std::string>& notes, std::vector<Column> col
   doc["ubep_routes"] = routes_json;
   doc["settings"] = settings_json;
   doc["mpi_thread_level"] = s.mpi_thread;
+  doc["memory"] = s.memory;
+  if (device_memory()) doc["gpu_heap"] = ctx.info().gpu_heap;
   doc["binding"] = {
       {"mode", s.binding.mode}, {"by", s.binding.by}, {"summary", s.binding.summary}, {"cpus", s.binding.cpus}};
   doc["iterations"] = s.iterations;
@@ -595,6 +631,14 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
                  "own core (the binding is printed in the header); none: run as launched")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none"}));
+  if (spec.memory_option) {
+    app.add_option("--memory", s.memory,
+                   "host: ubep's buffers in the host heap; device: in the GPU heap (Context::alloc_device, OSU's -d "
+                   "cuda; UBEP_GPU_EMULATE=1 emulates one in host memory for testing); the MPI baselines stay in "
+                   "host memory")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"host", "device"}));
+  }
   app.add_flag("--csv", s.csv, "comma-separated rows (the '# ' header lines stay)");
   auto* json = app.add_option("--json", json_path,
                               "write JSON results to FILE; '--json' alone or '--json -' writes them to stdout "

@@ -31,6 +31,7 @@
 #include "bench/binding.hpp"
 #include "ubep/config.hpp"
 #include "ubep/context.hpp"
+#include "ubep/symmetric.hpp"
 
 namespace ubep::bench {
 
@@ -89,6 +90,9 @@ struct Settings {
   Binding binding;
   /// The MPI thread level in force and the --mpi-thread that asked for it, for the header.
   std::string mpi_thread;
+  /// --memory (benchmarks whose Spec::memory_option is set): "host" (default) or "device": ubep's buffers in
+  /// the GPU heap (Context::alloc_device), as OSU's -d cuda. The MPI baselines stay in host memory.
+  std::string memory = "host";
 
   std::uint64_t iterations_for(std::size_t size) const { return size >= large_size ? iterations_large : iterations; }
   std::uint64_t warmup_for(std::size_t size) const { return size >= large_size ? warmup_large : warmup; }
@@ -182,6 +186,16 @@ class Bench {
   /// same order.
   std::vector<double> time(std::size_t size, const std::vector<Loop>& loops) const;
 
+  /// --memory device: ubep's buffers are in the GPU heap.
+  bool device_memory() const { return settings_.memory == "device"; }
+  /// An ubep buffer of `bytes` on `ctx`, per --memory: ctx.alloc or ctx.alloc_device (collective).
+  ubep::Symmetric<std::byte> alloc(ubep::Context& ctx, std::size_t bytes) const;
+  /// fill_pattern, zeroing and check_pattern on an ubep buffer of `ctx` (from alloc()): directly in host
+  /// memory, through a host copy (ctx.put / ctx.get to this rank) in the GPU heap.
+  void fill(ubep::Context& ctx, std::byte* dst, std::size_t bytes, std::uint32_t seed) const;
+  void zero(ubep::Context& ctx, std::byte* dst, std::size_t bytes) const;
+  bool check(ubep::Context& ctx, const std::byte* src, std::size_t bytes, std::uint32_t seed, const char* what) const;
+
   /// A barrier on comm() that keeps every ubep Context progressing while it waits (see wait()).
   void barrier() const;
   /// All ranks learn whether every rank's `ok` holds; throws CheckFailed(what) on every rank otherwise.
@@ -223,6 +237,8 @@ struct Spec {
   std::uint64_t default_iterations_large = 1000;
   std::uint64_t default_warmup = 1000;
   std::uint64_t default_warmup_large = 100;
+  /// Offers --memory host|device (Settings::memory).
+  bool memory_option = false;
 };
 
 /// Initializes MPI (MPI_THREAD_MULTIPLE, so UBEP_PROGRESS_THREAD works), parses the flags, builds the

@@ -17,16 +17,22 @@ int main(int argc, char** argv) {
   spec.default_iterations_large = 20;  // as OSU osu_put_bw
   spec.default_warmup = 50;
   spec.default_warmup_large = 2;
+  spec.memory_option = true;
   // Every buffer holds a window of messages: 64 x 1 MiB (UBEP_HEAP_SIZE must hold 64 x --max-size).
   spec.default_max_size = std::size_t{1} << 20;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
     const Settings& s = b.settings();
     const bool origin = b.rank() == 0;
-    // One target buffer per route, each in the heap of the Context that reaches rank 1 by that route.
-    std::vector<ubep::Symmetric<std::byte>> dst;
+    // One target buffer per route, each in the heap of the Context that reaches rank 1 by that route (the GPU
+    // heap under --memory device, with ubep's source there too).
+    std::vector<ubep::Symmetric<std::byte>> dst, device_src;
     const std::size_t span = kWindow * s.max_size;
-    for (const UbepRoute& r : b.routes()) dst.push_back(r.ctx->alloc<std::byte>(span));
+    for (const UbepRoute& r : b.routes()) {
+      dst.push_back(b.alloc(*r.ctx, span));
+      if (b.device_memory()) device_src.push_back(b.alloc(*r.ctx, span));
+    }
     Buffer src(span);
+    const auto ubep_src = [&](std::size_t r) { return b.device_memory() ? device_src[r].data() : src.data(); };
     Window allocated(Window::Kind::allocate, span, b.comm());
     Window created(Window::Kind::create, span, b.comm());
 
@@ -54,19 +60,19 @@ int main(int argc, char** argv) {
       for (std::size_t r = 0; r < dst.size(); ++r) {
         ubep::Context& ctx = *b.routes()[r].ctx;
         ++seed;
-        if (!origin) std::memset(dst[r].data(), 0, all);
+        if (!origin) b.zero(ctx, dst[r].data(), all);
         b.barrier();
         if (origin) {
-          fill_pattern(src.data(), all, seed);
+          b.fill(ctx, ubep_src(r), all, seed);
           for (std::size_t i = 0; i < kWindow; ++i)
-            ctx.put_nbi(dst[r].data() + i * size, src.data() + i * size, size, 1);
+            ctx.put_nbi(dst[r].data() + i * size, ubep_src(r) + i * size, size, 1);
           ctx.quiet();
         }
         b.barrier();
         bool ok = true;
         if (!origin) {
           ctx.progress();
-          ok = check_pattern(dst[r].data(), all, seed, "ubep put_nbi");
+          ok = b.check(ctx, dst[r].data(), all, seed, "ubep put_nbi");
         }
         b.agree(ok, "ubep put_nbi (route " + b.routes()[r].name + ") delivered a wrong payload at size " +
                         std::to_string(size));
@@ -107,8 +113,8 @@ int main(int argc, char** argv) {
           });
         };
         for (std::size_t r = 0; r < dst.size(); ++r) {
-          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, d = dst[r].data(), &src, size] {
-            for (std::size_t i = 0; i < kWindow; ++i) ctx.put_nbi(d + i * size, src.data() + i * size, size, 1);
+          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, d = dst[r].data(), from = ubep_src(r), size] {
+            for (std::size_t i = 0; i < kWindow; ++i) ctx.put_nbi(d + i * size, from + i * size, size, 1);
             ctx.quiet();
           });
         }

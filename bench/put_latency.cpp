@@ -8,13 +8,19 @@
 int main(int argc, char** argv) {
   using namespace ubep::bench;
   Spec spec{"ubep_put_latency", "ubep put + quiet() latency vs MPI_Put + MPI_Win_flush (OSU osu_put_latency)"};
+  spec.memory_option = true;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
     const Settings& s = b.settings();
     const bool origin = b.rank() == 0;
-    // One target buffer per route, each in the heap of the Context that reaches rank 1 by that route.
-    std::vector<ubep::Symmetric<std::byte>> dst;
-    for (const UbepRoute& r : b.routes()) dst.push_back(r.ctx->alloc<std::byte>(s.max_size));
+    // One target buffer per route, each in the heap of the Context that reaches rank 1 by that route (the GPU
+    // heap under --memory device, with ubep's source there too).
+    std::vector<ubep::Symmetric<std::byte>> dst, device_src;
+    for (const UbepRoute& r : b.routes()) {
+      dst.push_back(b.alloc(*r.ctx, s.max_size));
+      if (b.device_memory()) device_src.push_back(b.alloc(*r.ctx, s.max_size));
+    }
     Buffer src(s.max_size);
+    const auto ubep_src = [&](std::size_t r) { return b.device_memory() ? device_src[r].data() : src.data(); };
     Window allocated(Window::Kind::allocate, s.max_size, b.comm());
     Window created(Window::Kind::create, s.max_size, b.comm());
 
@@ -41,18 +47,18 @@ int main(int argc, char** argv) {
       for (std::size_t r = 0; r < dst.size(); ++r) {
         ubep::Context& ctx = *b.routes()[r].ctx;
         ++seed;
-        if (!origin) std::memset(dst[r].data(), 0, size);
+        if (!origin) b.zero(ctx, dst[r].data(), size);
         b.barrier();
         if (origin) {
-          fill_pattern(src.data(), size, seed);
-          ctx.put(dst[r].data(), src.data(), size, 1);
+          b.fill(ctx, ubep_src(r), size, seed);
+          ctx.put(dst[r].data(), ubep_src(r), size, 1);
           ctx.quiet();
         }
         b.barrier();
         bool ok = true;
         if (!origin) {
           ctx.progress();  // MPI_Win_sync on the mpi route: our own view of the heap catches up
-          ok = check_pattern(dst[r].data(), size, seed, "ubep put");
+          ok = b.check(ctx, dst[r].data(), size, seed, "ubep put");
         }
         b.agree(ok, "ubep put (route " + b.routes()[r].name + ") delivered a wrong payload at size " +
                         std::to_string(size));
@@ -87,8 +93,8 @@ int main(int argc, char** argv) {
           });
         };
         for (std::size_t r = 0; r < dst.size(); ++r) {
-          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, d = dst[r].data(), &src, size] {
-            ctx.put(d, src.data(), size, 1);
+          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, d = dst[r].data(), from = ubep_src(r), size] {
+            ctx.put(d, from, size, 1);
             ctx.quiet();
           });
         }

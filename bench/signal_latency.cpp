@@ -35,25 +35,43 @@ struct Impl {
   virtual void wait(std::size_t size, std::uint64_t epoch) = 0;
   virtual const std::byte* received() const = 0;
   virtual std::byte* source() = 0;
+  /// The pattern into source(), and its check in received() (host memory; ubep's may be in the GPU heap).
+  virtual void fill(std::size_t size, std::uint32_t seed) { fill_pattern(source(), size, seed); }
+  virtual bool check(std::size_t size, std::uint32_t seed, const char* what) {
+    return check_pattern(received(), size, seed, what);
+  }
 };
 
+/// ubep: payload and source in the host heap and a host buffer, or both in the GPU heap (--memory device).
 class UbepImpl final : public Impl {
  public:
-  UbepImpl(ubep::Context& ctx, std::size_t max_size, int peer)
-      : ctx_(ctx), payload_(ctx.alloc<std::byte>(max_size)), sig_(ctx.alloc_signals(1)), src_(max_size), peer_(peer) {}
+  UbepImpl(const Bench& b, ubep::Context& ctx, std::size_t max_size, int peer)
+      : b_(b),
+        ctx_(ctx),
+        payload_(b.alloc(ctx, max_size)),
+        sig_(ctx.alloc_signals(1)),
+        src_(max_size),
+        device_src_(b.device_memory() ? b.alloc(ctx, max_size) : ubep::Symmetric<std::byte>()),
+        peer_(peer) {}
   void send(std::size_t size, std::uint64_t epoch) override {
-    ctx_.put_signal(payload_.data(), src_.data(), size, sig_.data(), epoch, ubep::SignalOp::set, peer_);
+    ctx_.put_signal(payload_.data(), source(), size, sig_.data(), epoch, ubep::SignalOp::set, peer_);
   }
   void wait(std::size_t, std::uint64_t epoch) override { last_ = ctx_.wait_until(sig_.data(), ubep::Cmp::ge, epoch); }
   const std::byte* received() const override { return payload_.data(); }
-  std::byte* source() override { return src_.data(); }
+  std::byte* source() override { return b_.device_memory() ? device_src_.data() : src_.data(); }
+  void fill(std::size_t size, std::uint32_t seed) override { b_.fill(ctx_, source(), size, seed); }
+  bool check(std::size_t size, std::uint32_t seed, const char* what) override {
+    return b_.check(ctx_, payload_.data(), size, seed, what);
+  }
   std::uint64_t last_observed() const { return last_; }
 
  private:
+  const Bench& b_;
   ubep::Context& ctx_;
   ubep::Symmetric<std::byte> payload_;
   ubep::Symmetric<std::uint64_t> sig_;
   Buffer src_;
+  ubep::Symmetric<std::byte> device_src_;
   int peer_;
   std::uint64_t last_ = 0;
 };
@@ -150,17 +168,17 @@ void check_round_trip(Bench& b, Impl& impl, const char* name, std::size_t size, 
                       std::uint32_t& seed) {
   const bool origin = b.rank() == 0;
   const std::uint32_t ping_seed = ++seed, pong_seed = ++seed;
-  fill_pattern(impl.source(), size, origin ? ping_seed : pong_seed);
+  impl.fill(size, origin ? ping_seed : pong_seed);
   b.barrier();
   bool ok = true;
   ++epoch;
   if (origin) {
     impl.send(size, epoch);
     impl.wait(size, epoch);
-    ok = check_pattern(impl.received(), size, pong_seed, name);
+    ok = impl.check(size, pong_seed, name);
   } else {
     impl.wait(size, epoch);
-    ok = check_pattern(impl.received(), size, ping_seed, name);
+    ok = impl.check(size, ping_seed, name);
     impl.send(size, epoch);
   }
   if (auto* u = dynamic_cast<UbepImpl*>(&impl); u && u->last_observed() != epoch) {
@@ -194,6 +212,7 @@ int main(int argc, char** argv) {
             "one-way latency of put_signal + wait_until (ping-pong) vs MPI send/recv, MPI RMA and raw shared memory"};
   spec.default_min_size = 0;
   spec.default_max_size = std::size_t{1} << 20;
+  spec.memory_option = true;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
     ubep::Context& ctx = b.ctx();
     // The baselines poll with ubep's own back-off and policy (UBEP_POLL), so the comparison is fair.
@@ -215,7 +234,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<Impl>> impls;
     std::vector<std::string> names;
     for (const UbepRoute& r : b.routes()) {
-      impls.push_back(std::make_unique<UbepImpl>(*r.ctx, s.max_size, peer));
+      impls.push_back(std::make_unique<UbepImpl>(b, *r.ctx, s.max_size, peer));
       names.push_back(b.routes().size() == 1 ? "ubep" : "ubep_" + r.name);
     }
     std::vector<Column> columns = b.ubep_columns("(us)", "latency_us");

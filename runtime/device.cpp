@@ -315,7 +315,15 @@ void State::synchronize_device(const char* call) {
         continue;
       }
       if (ucx) ucx->poll();
-      if (backoff.pause() && mpi) mpi->progress(comm);
+      if (backoff.pause()) {
+        if (mpi) {
+          mpi->progress(comm);
+        } else {  // MPI's progress all the same: a target may be inside an MPI call of another context that
+                  // completes only with this process's MPI progress (osc ucx accumulates), before it drains ours
+          int flag = 0;
+          UBEP_MPI_CHECK(rank, call, MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE));
+        }
+      }
       if (timeout > 0 && (backoff.polls() & 15) == 0 &&
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
         fail(Errc::timeout, call,
