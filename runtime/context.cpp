@@ -133,7 +133,8 @@ State::~State() { stop_progress_thread(); }
 void State::teardown() noexcept {
   stop_progress_thread();
   gpu_streams.reset();  // CUDA's registrations of the heaps go before the windows that hold them
-  device.reset();       // the GPU heaps: this rank's and the node peers' mappings (runtime/device.cpp)
+  staged = nullptr;
+  device.reset();  // the GPU heaps: this rank's and the node peers' mappings, the staged route (device.cpp)
   device_base = nullptr;
   device_size = 0;
   ucx.reset();  // local: every rank quiesced before the agreement of finalize()

@@ -278,17 +278,28 @@ void create(State& s, const char* call) {
   s.device_base = mem->heap->base();
   s.device_size = mem->heap->size();
   s.device = std::move(mem);
-  if (s.node_ranks.size() < static_cast<std::size_t>(s.size)) {  // the job spans nodes: the staged route
+  if (s.node_ranks.size() == static_cast<std::size_t>(s.size)) return;
+  // The job spans nodes: the staged route, or no GPU heap at all (a later alloc_device tries again).
+  constexpr std::size_t kNone = ~std::size_t{0};
+  std::size_t region = kNone;
+  try {
     const std::size_t chunk = (s.options.gpu_staging_chunk + 63) / 64 * 64;
     const std::size_t bytes = StagedRoute::region_bytes(s.size, chunk);
     const char* what = "alloc_device (the staged route's host buffers, UBEP_GPU_STAGING_CHUNK)";
     const std::optional<std::size_t> off = alloc_agreed(s, what, CollKind::alloc, s.heap, bytes, 64);
     if (!off) throw_out_of_heap(s, what, s.heap, s.heap_size, "UBEP_HEAP_SIZE", bytes, 64);
-    std::memset(s.base + *off, 0, bytes);
+    region = *off;
+    std::memset(s.base + region, 0, bytes);
     // No rank may send a chunk before every rank has zeroed its counters.
     s.collective(what, CollKind::signals, {static_cast<std::int64_t>(bytes)}, {"bytes"});
-    s.device->staged = std::make_unique<StagedRoute>(s, *off, chunk);
+    s.device->staged = std::make_unique<StagedRoute>(s, region, chunk);
     s.staged = s.device->staged.get();
+  } catch (...) {
+    if (region != kNone) s.release(region);
+    s.device.reset();
+    s.device_base = nullptr;
+    s.device_size = 0;
+    throw;
   }
 }
 

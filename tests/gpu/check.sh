@@ -13,8 +13,9 @@
 # (Release with debug info, warnings as errors, CUDA required), the PTX check (build.ptx_signal_orderings),
 # label gpu under UBEP_REQUIRE_GPU=1 (gpu.device_check, gpu.kernels_check: a skip is a failure), the GPU context
 # and public API tests under mpirun at 2 ranks, compute-sanitizer memcheck of gpu_kernels_check (when the tool is
-# there and the machine lets it run; "not run" otherwise, not a failure), then the unit label as a smoke test
-# of the build. Well under ten minutes on a 16-core machine (the build is most of it).
+# there and the machine lets it run; "not run" otherwise, not a failure), the --memory host|device benchmark
+# runs (put latency, put bandwidth, signal latency on one GPU, put bandwidth across 2 virtual nodes: the staged
+# route), then the unit label as a smoke test of the build. Well under ten minutes on a 16-core machine (the build is most of it).
 #
 # Environment: UBEP_GPU_DEBS (default .gpu-debs in the source tree: the folder of .deb files), UBEP_GPU_BUILD
 # (default build-gpu), UBEP_GPU_PREFIX (default /tmp/ubep-gpu-prefix: where the packages are unpacked),
@@ -120,6 +121,7 @@ step mpi prepare_mpi || {
   exit 1
 }
 cmake_mpi=()
+mpiexec_bin=$mpi_exec
 if [[ -x "$prefix/usr/bin/mpiexec.openmpi" && ("${UBEP_GPU_USE_DEBS:-0}" == 1 || -z "$mpi_cxx" || -z "$mpi_exec") ]]; then
   lib=$prefix/usr/lib/x86_64-linux-gnu
   export OPAL_PREFIX=$prefix/usr
@@ -129,6 +131,7 @@ if [[ -x "$prefix/usr/bin/mpiexec.openmpi" && ("${UBEP_GPU_USE_DEBS:-0}" == 1 ||
   export OMPI_MCA_mca_base_param_files=$prefix/etc/openmpi/openmpi-mca-params.conf
   cmake_mpi=(-DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.openmpi"
     -DCMAKE_PREFIX_PATH="$prefix/usr")
+  mpiexec_bin=$prefix/usr/bin/mpiexec.openmpi
 fi
 
 generator=()
@@ -137,7 +140,8 @@ configure() {
   local nvcc_bin
   nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=ON \
-    -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DUBEP_BUILD_BENCH=OFF "${cmake_mpi[@]}" &&
+    -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DUBEP_BUILD_BENCH=ON -DUBEP_BUILD_MICRO=OFF \
+    "${cmake_mpi[@]}" &&
     cmake --build "$build" -j "$jobs"
 }
 step build configure || {
@@ -165,6 +169,31 @@ memcheck() {
   return $rc
 }
 step memcheck memcheck
+# GPU numbers: ubep's put, put bandwidth and put_signal between 2 processes on the GPU (CUDA IPC), and across
+# 2 virtual nodes (the staged route), beside the host-memory runs of the same job sizes. The logs keep the tables.
+bench_device() (  # a subshell: its exports end with it
+  local run=("$mpiexec_bin" -n 2 --oversubscribe)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  local b=$build/bench common=(--max-size 4194304 -i 2000 --iterations-large 200 -x 100 --batches 5)
+  local rc=0 mem
+  if [[ "${UBEP_REQUIRE_GPU:-1}" == 0 ]] && ! nvidia-smi >/dev/null 2>&1; then
+    export UBEP_GPU_EMULATE=1  # testing the script without a GPU: the heap emulated in host memory
+    echo "no GPU and UBEP_REQUIRE_GPU=0: --memory device on the EMULATED heap (UBEP_GPU_EMULATE=1)"
+  fi
+  for mem in host device; do
+    echo "== ubep_put_latency --memory $mem"
+    "${run[@]}" "$b/ubep_put_latency" "${common[@]}" --memory $mem || rc=1
+    echo "== ubep_put_bw --memory $mem"
+    "${run[@]}" "$b/ubep_put_bw" --max-size 1048576 -i 100 --iterations-large 20 --memory $mem || rc=1
+    echo "== ubep_signal_latency --memory $mem"
+    "${run[@]}" "$b/ubep_signal_latency" --max-size 1048576 -i 2000 --iterations-large 200 --memory $mem || rc=1
+    echo "== ubep_put_bw --memory $mem, 2 virtual nodes (device: the staged route)"
+    UBEP_VIRTUAL_NODES=2 "${run[@]}" "$b/ubep_put_bw" --max-size 1048576 -i 20 --iterations-large 5 \
+      --memory $mem || rc=1
+  done
+  return $rc
+)
+step bench_device bench_device
 step unit ctest --test-dir "$build" --output-on-failure -L unit -j "$jobs"
 
 echo "== summary ($summary)"

@@ -319,6 +319,32 @@ TEST_P(GpuHeapCalls, AStagedPutToATargetOutsideUbepEndsAtTheDeadline) {
   ctx.finalize();
 }
 
+TEST_P(GpuHeapCalls, StagingBuffersThatDoNotFitLeaveNoHeapBehind) {
+  Options o = options(8u << 20);
+  o.gpu_staging_chunk = 4u << 20;  // 4 chunks per rank: more than the 4 MiB host heap
+  Context ctx(MPI_COMM_WORLD, o);
+  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // one node: no staged route, no buffers
+    auto buf = ctx.alloc_device<char>(64);
+    EXPECT_NE(buf.data(), nullptr);
+    ctx.finalize();
+    return;
+  }
+  for (int round = 0; round < 2; ++round) {  // a retry fails the same way, on every rank
+    try {
+      (void)ctx.alloc_device<char>(64);
+      ADD_FAILURE() << "the staging buffers fit in a 4 MiB host heap";
+    } catch (const OutOfHeap& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("staged route's host buffers"), std::string::npos) << what;
+      EXPECT_NE(what.find("set UBEP_HEAP_SIZE to at least"), std::string::npos) << what;
+    }
+    EXPECT_NE(ctx.info().gpu_heap.find("not created"), std::string::npos) << ctx.info().gpu_heap;
+  }
+  auto host = ctx.alloc<char>(1u << 20);  // the host heap holds nothing of the failed attempts
+  EXPECT_NE(host.data(), nullptr);
+  ctx.finalize();
+}
+
 INSTANTIATE_TEST_SUITE_P(Heaps, GpuHeapCalls, ::testing::Values(Heap::emulated, Heap::cuda),
                          [](const ::testing::TestParamInfo<Heap>& p) {
                            return p.param == Heap::emulated ? std::string("emulated") : std::string("cuda");
