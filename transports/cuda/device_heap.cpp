@@ -213,12 +213,39 @@ void CudaHeap::map_node(MPI_Comm node_comm, int world_rank, const char* call, st
   }
 }
 
+namespace {
+
+/// The heap's device made current for one call and the caller's restored after it: the application may have
+/// switched devices since the heap was created (cudaSetDevice is per thread).
+class OnDevice {
+ public:
+  OnDevice(int device, const std::string& where) {
+    check_runtime(cudaGetDevice(&previous_), where, "cudaGetDevice");
+    if (previous_ != device)
+      check_runtime(cudaSetDevice(device), where, "cudaSetDevice(" + std::to_string(device) + ")");
+    switched_ = previous_ != device;
+  }
+  ~OnDevice() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace
+
 void CudaHeap::copy_async(void* dst, const void* src, std::size_t bytes, const std::string& where) {
+  const OnDevice on(device_, where);
   check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), where,
                 "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes");
 }
 
 void CudaHeap::synchronize(const std::string& where) {
+  const OnDevice on(device_, where);
   check_runtime(cudaStreamSynchronize(stream_), where,
                 "cudaStreamSynchronize (the copies into and out of the GPU heaps)");
 }
