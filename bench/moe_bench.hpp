@@ -46,6 +46,7 @@ struct Args {
   /// mode), each checked against a moe::BspLayer of the same mode.
   std::vector<std::string> combine{"per_expert", "per_node"};
   bool float_partials = false;  // --float-partials: Config::float_partials for every layer
+  std::string memory = "host";  // --memory: Config::memory for every layer, inputs and sums in GPU memory
   unsigned run_ahead = 0;       // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
   std::string heap_budget;      // empty: a quarter of physical memory over the ranks of the node
   int check_tokens = 8;
@@ -173,11 +174,12 @@ struct Result {
 /// All routings and compute costs of one size: check, then time every implementation interleaved.
 /// `variants[i]` names `ubep_layers[i]`; `bsp_check[i]` is the moe::BspLayer of its combine mode, which
 /// its outputs must equal; `bsp_timed` the BspLayer of the timed bsp rows (per_expert). `node_of`: every
-/// rank's Topology::node_of (the serial reference of per_rank and per_node).
+/// rank's Topology::node_of (the serial reference of per_rank and per_node). `gpu` (--memory device): the
+/// Context whose GPU heap holds the inputs and sums (the layers have Config::memory device); null for host.
 void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
                const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
                const std::vector<moe::LayerBase*>& bsp_check, moe::LayerBase& bsp_timed,
-               const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap,
+               const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap, ubep::Context* gpu,
                std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc);
 
 // ---- reporting (moe_bench_report.cpp) ----------------------------------------------------------------

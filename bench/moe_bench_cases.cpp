@@ -120,6 +120,39 @@ Inputs make_inputs(const moe::Config& cfg, int n, const std::string& routing, do
   return in;
 }
 
+/// The spans of one call: the host vectors of Inputs, or (--memory device) their copies in the GPU heap of
+/// `gpu` (collective: every rank has the same n).
+class Placed {
+ public:
+  Placed(ubep::Context* gpu, const Inputs& in) {
+    if (gpu == nullptr) {
+      tokens = in.tokens;
+      idx = in.idx;
+      weights = in.weights;
+      scales = in.scales;
+      return;
+    }
+    tokens = place(*gpu, in.tokens, tokens_);
+    idx = place(*gpu, in.idx, idx_);
+    weights = place(*gpu, in.weights, weights_);
+    scales = place(*gpu, in.scales, scales_);
+  }
+  std::span<const std::byte> tokens;
+  std::span<const int> idx;
+  std::span<const float> weights, scales;
+
+ private:
+  template <class T>
+  static std::span<const T> place(ubep::Context& gpu, const std::vector<T>& v, ubep::Symmetric<T>& object) {
+    object = gpu.alloc_device<T>(v.size());
+    gpu.copy(object.data(), v.data(), v.size() * sizeof(T));
+    return {object.data(), v.size()};
+  }
+  ubep::Symmetric<std::byte> tokens_;
+  ubep::Symmetric<int> idx_;
+  ubep::Symmetric<float> weights_, scales_;
+};
+
 // ---- experts -----------------------------------------------------------------------------------------
 
 /// The arithmetic expert of the correctness check: y = x * (1 + 0.01 * (e + 1)), in float, rounded to
@@ -156,8 +189,17 @@ float store(moe::DType out_type, std::byte* row, std::size_t j, float y) {
 
 class ArithmeticExpert {
  public:
-  explicit ArithmeticExpert(const moe::Config& cfg) : cfg_(cfg) {}
-  std::span<const std::byte> operator()(const moe::ExpertTokens& t) {
+  /// `gpu` (--memory device): the batches are in GPU memory, read through host copies (Context::copy).
+  ArithmeticExpert(const moe::Config& cfg, ubep::Context* gpu) : cfg_(cfg), gpu_(gpu) {}
+  std::span<const std::byte> operator()(moe::ExpertTokens t) {
+    if (gpu_ != nullptr) {
+      data_.resize(t.data.size());
+      scales_.resize(t.scales.size());
+      gpu_->copy(data_.data(), t.data.data(), t.data.size());
+      gpu_->copy(scales_.data(), t.scales.data(), t.scales.size_bytes());
+      t.data = data_;
+      t.scales = scales_;
+    }
     const auto hidden = static_cast<std::size_t>(cfg_.hidden);
     const moe::DType out_type = moe::output_dtype(cfg_.dtype);
     const std::size_t in_row = hidden * moe::element_size(cfg_.dtype);
@@ -175,13 +217,16 @@ class ArithmeticExpert {
 
  private:
   moe::Config cfg_;
-  std::vector<std::byte> out_;
+  ubep::Context* gpu_;
+  std::vector<std::byte> out_, data_;
+  std::vector<float> scales_;
 };
 
 /// The expert of the timed iterations: the identity (for bf16/f32 its outputs are its input buffer, no
 /// copy; for e4m3 a bf16 buffer of zeros), plus a synthetic compute cost of `us_per_token` microseconds
 /// per token: a busy loop on the clock (spin) or a sleep (sleep, like an accelerator kernel that leaves
-/// the CPU free). Both implementations get the same expert, so the difference is communication.
+/// the CPU free). Both implementations get the same expert, so the difference is communication. Under
+/// --memory device the identity hands the batch (GPU memory) back as it is, as a GPU expert's output.
 class TimedExpert {
  public:
   TimedExpert(const moe::Config& cfg, double us_per_token, bool sleep)
@@ -227,7 +272,7 @@ class TimedExpert {
 using Sample = std::array<double, 3>;
 
 template <class Expert>
-Sample run_once(moe::LayerBase& layer, const Inputs& in, Expert& expert, std::span<float> out) {
+Sample run_once(moe::LayerBase& layer, const Placed& in, Expert& expert, std::span<float> out) {
   const auto t0 = Clock::now();
   moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
   std::optional<Clock::time_point> last_expert, first_combine;
@@ -287,15 +332,29 @@ float reference(const moe::Config& cfg, std::span<const float> y, std::span<cons
 /// Runs one call of every implementation with the arithmetic expert. Every ubep output must equal that
 /// of the baseline of its combine mode (`bsp[s]`) bit for bit, and every baseline's must equal the serial
 /// reference of its mode for a few tokens. Throws CheckFailed on every rank otherwise.
-void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, const std::vector<moe::LayerBase*>& ubep,
-           const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& bsp,
-           const std::vector<int>& node_of, int check_tokens, const std::string& what) {
+void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, ubep::Context* gpu,
+           const std::vector<moe::LayerBase*>& ubep, const std::vector<Variant>& variants,
+           const std::vector<moe::LayerBase*>& bsp, const std::vector<int>& node_of, int check_tokens,
+           const std::string& what) {
   const auto hidden = static_cast<std::size_t>(cfg.hidden);
   const auto topk = static_cast<std::size_t>(cfg.topk);
   const std::size_t n = static_cast<std::size_t>(in.n);
-  ArithmeticExpert expert(cfg);
+  ArithmeticExpert expert(cfg, gpu);
   std::vector<float> got(n * hidden);
   bool ok = true;
+  // --memory device: inputs and sums in GPU memory, the sums read back through a host copy.
+  const Placed placed(gpu, in);
+  ubep::Symmetric<float> gpu_out;
+  if (gpu != nullptr) gpu_out = gpu->alloc_device<float>(n * hidden);
+  auto run_into = [&](moe::LayerBase& layer, std::vector<float>& dst) {
+    if (gpu == nullptr) {
+      run_once(layer, placed, expert, dst);
+      return;
+    }
+    gpu->copy(gpu_out.data(), dst.data(), dst.size() * sizeof(float));  // what dst held (NaN for ubep)
+    run_once(layer, placed, expert, std::span<float>(gpu_out.data(), dst.size()));
+    gpu->copy(dst.data(), gpu_out.data(), dst.size() * sizeof(float));
+  };
 
   // One baseline call per distinct BspLayer (per combine mode), in the same order on every rank.
   std::vector<moe::LayerBase*> baselines;
@@ -304,14 +363,14 @@ void check(const Comm& comm, const moe::Config& cfg, const Inputs& in, const std
   std::vector<std::vector<float>> want(baselines.size(), std::vector<float>(n * hidden));
   for (std::size_t i = 0; i < baselines.size(); ++i) {
     comm.barrier();
-    run_once(*baselines[i], in, expert, want[i]);
+    run_into(*baselines[i], want[i]);
   }
   for (std::size_t s = 0; s < ubep.size(); ++s) {
     const std::vector<float>& w =
         want[static_cast<std::size_t>(std::find(baselines.begin(), baselines.end(), bsp[s]) - baselines.begin())];
     std::fill(got.begin(), got.end(), std::nanf(""));
     comm.barrier();
-    run_once(*ubep[s], in, expert, got);
+    run_into(*ubep[s], got);
     if (std::memcmp(got.data(), w.data(), got.size() * sizeof(float)) != 0) {
       std::size_t i = 0;
       while (i < got.size() && std::memcmp(&got[i], &w[i], sizeof(float)) == 0) ++i;
@@ -371,18 +430,25 @@ double median_of(const std::vector<Sample>& v, std::size_t metric) {
 void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iterations, int warmup,
                const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
                const std::vector<moe::LayerBase*>& bsp_check, moe::LayerBase& bsp_timed,
-               const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap,
+               const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap, ubep::Context* gpu,
                std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc) {
   const int rank = comm.rank(), ranks = comm.size(), n = cfg.max_tokens_per_rank;
   const bool root = rank == 0;
   moe::LayerBase* bsp = &bsp_timed;
   bool several_routes = false;
   for (const Variant& v : variants) several_routes = several_routes || v.route != variants.front().route;
-  std::vector<float> out(static_cast<std::size_t>(n) * static_cast<std::size_t>(a.hidden));
+  std::vector<float> host_out(static_cast<std::size_t>(n) * static_cast<std::size_t>(a.hidden));
+  std::span<float> out = host_out;
+  ubep::Symmetric<float> gpu_out;  // --memory device: the sums in GPU memory
+  if (gpu != nullptr) {
+    gpu_out = gpu->alloc_device<float>(host_out.size());
+    out = std::span<float>(gpu_out.data(), host_out.size());
+  }
   for (const std::string& routing : a.routing) {
-    const Inputs in = make_inputs(cfg, n, routing, a.zipf, rank);
-    check(comm, cfg, in, ubep_layers, variants, bsp_check, node_of, a.check_tokens,
+    const Inputs host_in = make_inputs(cfg, n, routing, a.zipf, rank);
+    check(comm, cfg, host_in, gpu, ubep_layers, variants, bsp_check, node_of, a.check_tokens,
           fmt("%d tokens/rank, %s routing", n, routing.c_str()));
+    const Placed in(gpu, host_in);
 
     for (const double compute : a.compute) {
       TimedExpert expert(cfg, compute, a.compute_mode == "sleep");

@@ -163,6 +163,7 @@ int run(const Args& a, const Comm& comm) {
       "mean over ranks rounded to whole bytes, max: the maximum over ranks";
   doc["combine"] = a.combine;
   doc["float_partials"] = a.float_partials;
+  doc["memory"] = a.memory;
   doc["bsp_timed_combine"] = "per_expert";
   doc["expert"] = std::string("identity + synthetic compute (") + a.compute_mode + ")";
   doc["results"] = nlohmann::json::array();
@@ -179,6 +180,7 @@ int run(const Args& a, const Comm& comm) {
   for (const int n : a.tokens) {
     moe::Config shape{a.experts, a.hidden, dtype, a.topk, n};
     shape.float_partials = a.float_partials;
+    shape.memory = moe::parse_memory(a.memory);
     const moe::Config& cfg = shape;
     const int iterations = a.iterations_for(n), warmup = a.warmup_for(n);
 
@@ -210,6 +212,19 @@ int run(const Args& a, const Comm& comm) {
     // largest over ranks, should UBEP_HEAP_SIZE differ between them (the heap is symmetric).
     const std::size_t heap = static_cast<std::size_t>(
         comm.max(std::max(std::getenv("UBEP_HEAP_SIZE") ? base.heap_size : 0, needed + slack(needed))));
+    // --memory device: every Context's GPU heap holds its Layer's rows, and the first one's also the BspLayers'
+    // rows, the inputs and the sums (twice: the check's and the timed ones), plus slack; UBEP_GPU_HEAP_SIZE,
+    // when set, is a lower bound.
+    std::size_t gpu_heap = base.gpu_heap_size;
+    if (shape.memory == moe::Memory::device) {
+      const std::size_t rows = moe::LayerBase::device_heap_bytes(cfg, ranks, run_ahead);
+      const std::size_t inputs =
+          static_cast<std::size_t>(n) * (static_cast<std::size_t>(a.hidden) * (moe::element_size(dtype) + 4) +
+                                         static_cast<std::size_t>(a.topk) * 8 + 4);
+      const std::size_t needed_gpu = rows * (1 + modes.size() + 1) + 2 * inputs;
+      gpu_heap = static_cast<std::size_t>(comm.max(
+          std::max(std::getenv("UBEP_GPU_HEAP_SIZE") ? base.gpu_heap_size : 0, needed_gpu + slack(needed_gpu))));
+    }
     if ((heap * contexts_per_shape) > budget && root)
       std::fprintf(stderr, "ubep_moe_bench: warning: %zu context(s) x %s of heap per rank exceeds the budget of %s\n",
                    contexts_per_shape, mib(heap).c_str(), mib(budget).c_str());
@@ -227,6 +242,7 @@ int run(const Args& a, const Comm& comm) {
           if (route != "default") o.transports = {"self", "shm", route};
           o.schedule = s;
           o.heap_size = heap;
+          o.gpu_heap_size = gpu_heap;
           o.run_ahead = run_ahead;
           moe::Config c = cfg;
           c.combine = m;
@@ -331,6 +347,11 @@ int run(const Args& a, const Comm& comm) {
             "a fixed expert order, one hot expert)\n",
             a.hidden, a.dtype.c_str(), a.topk, a.experts, bsp.experts().max_local(), join(a.routing, ",").c_str(),
             a.zipf);
+        std::printf("# memory (--memory, moe::Config::memory): %s%s\n", a.memory.c_str(),
+                    a.memory == "device"
+                        ? (base.gpu_emulate ? ": GPU heap EMULATED in host memory (UBEP_GPU_EMULATE=1, testing)"
+                                            : ": tokens, batches and sums in GPU memory")
+                        : "");
         std::printf(
             "# combine modes (--combine, moe::Config::combine): %s, partial and node rows in %s (--float-partials); "
             "one ubep Context per route, schedule and mode, "
@@ -375,7 +396,7 @@ int run(const Args& a, const Comm& comm) {
 
     try {
       run_shape(a, comm, cfg, iterations, warmup, variants, ubep_layers, bsp_check, bsp, node_of, run_ahead, heap,
-                pairs, doc);
+                cfg.memory == moe::Memory::device ? contexts.front().get() : nullptr, pairs, doc);
     } catch (const CheckFailed&) {
       release();
       throw;
@@ -510,6 +531,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember({"per_expert", "per_rank", "per_node"}));
+  app.add_option("--memory", a.memory,
+                 "where tokens, expert batches and sums live (moe::Config::memory, OSU's -d cuda): host, or device "
+                 "(GPU memory: the inputs and sums in the GPU heap, every layer, ubep's and the baseline's, with "
+                 "Config::memory device; needs a GPU, or UBEP_GPU_EMULATE=1 for testing)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "device"}));
   app.add_option("--run-ahead", a.run_ahead,
                  "ubep buffer sets (calls a rank may run ahead); default UBEP_RUN_AHEAD (2), lowered to 1 for a size "
                  "whose heap exceeds --heap-budget")

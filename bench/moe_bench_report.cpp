@@ -123,6 +123,7 @@ nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
           {"experts", a.experts},
           {"ranks", ranks},
           {"dtype", a.dtype},
+          {"memory", a.memory},
           {"compute_us_per_token", r.compute},
           {"dispatch_us", r.dispatch_us},
           {"combine_us", r.combine_us},

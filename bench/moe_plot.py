@@ -35,7 +35,7 @@ import sys
 import tempfile
 
 FIELDS = ("impl", "label", "route", "schedule", "combine", "routing", "tokens", "hidden", "topk", "experts", "ranks",
-          "dtype", "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes", "bytes_per_call")
+          "dtype", "memory", "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes", "bytes_per_call")
 BYTE_KEYS = ("dispatch_on_node", "dispatch_off_node", "combine_on_node", "combine_off_node")
 BYTE_CELL = re.compile(r"^[0-9]+(\.[0-9]+)?/[0-9]+(\.[0-9]+)?(B|KiB|MiB|GiB)$")
 METRICS = {
@@ -171,6 +171,8 @@ def check_doc(doc, args):
     results = doc["results"]
     if not results:
         fail("no results")
+    if args.memory is not None and doc.get("memory") != args.memory:
+        fail(f"expected memory {args.memory}, JSON says {doc.get('memory')!r}")
     for rec in results:
         for field in FIELDS:
             if field not in rec:
@@ -181,6 +183,8 @@ def check_doc(doc, args):
                 fail(f"{field} = {v!r} in {rec}, expected a positive number")
         if not rec["buffer_bytes"] > 0:
             fail(f"buffer_bytes = {rec['buffer_bytes']!r} in {rec}")
+        if rec["memory"] != doc.get("memory"):
+            fail(f"record says memory {rec['memory']!r}, the header {doc.get('memory')!r}")
         if rec["ranks"] != doc["ranks"]:
             fail(f"record says {rec['ranks']} ranks, the header {doc['ranks']}")
         if rec["impl"] not in ("ubep", "bsp"):
@@ -327,6 +331,7 @@ def main():
     p.add_argument("--ubep-routes", help="--check: expected routes ubep was timed over, e.g. mpi,ucx")
     p.add_argument("--schedules", help="--check: expected ubep schedules, e.g. linear,shifted,topology")
     p.add_argument("--combine", help="--check: expected ubep combine modes, e.g. per_expert,per_rank,per_node")
+    p.add_argument("--memory", help="--check: expected --memory (host, device) of the JSON and every record")
     args = p.parse_args(argv)
     if args.check:
         check(args, command)

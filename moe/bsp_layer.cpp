@@ -98,7 +98,7 @@ std::optional<int> BspLayer::next_expert(Handle& h) {
   return std::nullopt;
 }
 
-void BspLayer::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
+void BspLayer::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
   HandleState& s = h.state();
   const int P = size_;
@@ -117,7 +117,7 @@ void BspLayer::combine_send(Handle& h, int local, std::span<const std::byte> out
   ++s.num_combined;
 }
 
-void BspLayer::combine_recv(Handle& h, std::span<float> out) {
+void BspLayer::recv_outputs(Handle& h, std::span<float> out) {
   // Every rank checks the order before the collective: calls out of order would pair another call's
   // MPI_Alltoallv with ours on a rank that completes them in order.
   check_combine_recv(h);

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "moe/handle.hpp"
 #include "moe/kernels.hpp"
@@ -44,7 +45,33 @@ Combine parse_combine(const std::string& name) {
               "ubep: moe: unknown combine mode '" + name + "' (per_expert, per_rank, per_node)");
 }
 
+const char* to_string(Memory m) noexcept {
+  switch (m) {
+    case Memory::host: return "host";
+    case Memory::device: return "device";
+  }
+  return "?";
+}
+
+Memory parse_memory(const std::string& name) {
+  if (name == "host") return Memory::host;
+  if (name == "device") return Memory::device;
+  throw Error(Errc::invalid_argument, "ubep: moe: unknown memory '" + name + "' (host, device)");
+}
+
 namespace {
+/// Memory::device, one call in flight: the bytes of the token rows (rounded to 256) and of rows and scales.
+/// The rows: every row a rank's experts can receive (each source's token at most once per local expert, at
+/// most topk of them). Bounded by the 2^52 check of the constructor.
+std::pair<std::size_t, std::size_t> device_rows(const Config& c, int ranks) {
+  const std::size_t rows = static_cast<std::size_t>(ranks) * static_cast<std::size_t>(c.max_tokens_per_rank) *
+                           static_cast<std::size_t>(std::min(c.topk, ExpertMap{c.num_experts, ranks}.max_local()));
+  const std::size_t payload = static_cast<std::size_t>(c.hidden) * element_size(c.dtype);
+  const std::size_t tokens = (rows * payload + 255) / 256 * 256;
+  return {tokens, tokens + (c.dtype == DType::e4m3 ? (rows * sizeof(float) + 255) / 256 * 256 : 0)};
+}
+
+bool valid(Memory m) { return m == Memory::host || m == Memory::device; }
 bool valid(Combine c) { return c == Combine::per_expert || c == Combine::per_rank || c == Combine::per_node; }
 bool valid(DType t) {
   switch (t) {
@@ -160,6 +187,9 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
     bad("combine=" + std::to_string(static_cast<int>(c.combine)) +
         " is not a moe::Combine (per_expert=0, per_rank=1, per_node=2)");
   }
+  if (!valid(c.memory)) {
+    bad("memory=" + std::to_string(static_cast<int>(c.memory)) + " is not a moe::Memory (host=0, device=1)");
+  }
   // Host-side buffers (per-expert counts, one scratch row) grow with these outside any heap check, so
   // they are bounded: 2^20 experts, rows of 2^20 elements (found by fuzz_moe_validation).
   constexpr int kMaxDim = 1 << 20;
@@ -192,9 +222,15 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
        static_cast<std::int64_t>(ctx.options().run_ahead), static_cast<std::int64_t>(c.combine),
        c.float_partials ? 1 : 0},
       {"num_experts", "hidden", "dtype", "topk", "max_tokens_per_rank", "UBEP_RUN_AHEAD", "combine", "float_partials"});
+  ctx.agree(who, {static_cast<std::int64_t>(c.memory)}, {"memory"});  // agree() takes at most 8 values
   map_ = ExpertMap{c.num_experts, size_};
   token_bytes_ = token_stride(c);
   out_token_bytes_ = output_stride(c);
+  if (c.memory == Memory::device) {
+    device_scales_ = device_rows(c, size_).first;
+    device_set_ = device_heap_bytes(c, size_, 1);
+    device_rows_ = ctx.alloc_device<std::byte>(device_heap_bytes(c, size_, ctx.options().run_ahead));
+  }
   node_.resize(size_);
   for (int p = 0; p < size_; ++p) node_[p] = ctx.topology().node_of(p);
 }
@@ -240,8 +276,25 @@ void LayerBase::check_combine_recv(const Handle& h) const {
   }
 }
 
+std::size_t LayerBase::device_heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
+  if (c.memory != Memory::device) return 0;
+  return device_rows(c, ranks).second * run_ahead;
+}
+
+template <class T>
+std::span<const T> LayerBase::to_host(std::span<const T> src, std::vector<std::byte>& stage) {
+  if (config_.memory == Memory::host || src.empty()) return src;
+  stage.resize(src.size_bytes());
+  ctx_.copy(stage.data(), src.data(), src.size_bytes());
+  return {reinterpret_cast<const T*>(stage.data()), src.size()};  // std::vector's storage suits any T here
+}
+
 Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                 std::span<const float> topk_weights, std::span<const float> scales) {
+  tokens = to_host(tokens, stage_tokens_);
+  topk_idx = to_host(topk_idx, stage_idx_);
+  topk_weights = to_host(topk_weights, stage_weights_);
+  scales = to_host(scales, stage_scales_);
   const std::string pre = "ubep: rank " + std::to_string(rank_) + ": dispatch: ";
   const int k = config_.topk, E = config_.num_experts;
   if (topk_idx.size() % k != 0) {
@@ -325,6 +378,7 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   h.combined.assign(local, 0);
   h.expert_data.resize(local);
   h.expert_scales.resize(local);
+  if (config_.memory == Memory::device) h.device_at.assign(local, kNotOnDevice);
   send(h, tokens, scales);
   ++calls_;
   ++traffic_.calls;
@@ -364,6 +418,19 @@ ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
   t.count = static_cast<int>(payload ? s.expert_data[local].size() / payload : 0);
   t.data = s.expert_data[local];
   t.scales = s.expert_scales[local];
+  if (config_.memory == Memory::device) {
+    // The first call for this expert copies its batch into this call's share of the GPU rows.
+    HandleState& m = *h.state_;
+    std::byte* set = device_rows_.data() + static_cast<std::size_t>(m.set) * device_set_;
+    if (m.device_at[local] == kNotOnDevice) {
+      m.device_at[local] = m.device_rows;
+      ctx_.copy(set + m.device_rows * payload, t.data.data(), t.data.size_bytes());
+      ctx_.copy(set + device_scales_ + m.device_rows * sizeof(float), t.scales.data(), t.scales.size_bytes());
+      m.device_rows += static_cast<std::size_t>(t.count);
+    }
+    t.data = {set + m.device_at[local] * payload, t.data.size()};
+    t.scales = {reinterpret_cast<const float*>(set + device_scales_) + m.device_at[local], t.scales.size()};
+  }
   return t;
 }
 
@@ -465,6 +532,17 @@ void LayerBase::finish(HandleState& h) {
   }
   h.finished = true;
   ++finished_;
+}
+
+void LayerBase::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
+  send_outputs(h, local, to_host(outputs, stage_outputs_));
+}
+
+void LayerBase::combine_recv(Handle& h, std::span<float> out) {
+  if (config_.memory == Memory::host) return recv_outputs(h, out);
+  stage_out_.resize(out.size());
+  recv_outputs(h, stage_out_);
+  ctx_.copy(out.data(), stage_out_.data(), out.size_bytes());
 }
 
 void LayerBase::combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out) {

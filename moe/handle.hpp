@@ -26,6 +26,8 @@ struct DdEntry {
   float w;
 };
 
+inline constexpr std::size_t kNotOnDevice = ~std::size_t{0};
+
 struct HandleState {
   std::uint64_t call = 0;
   int set = 0;  // buffer set of this call (ubep layer)
@@ -50,6 +52,10 @@ struct HandleState {
   int num_ready = 0, num_returned = 0, num_combined = 0;
   std::vector<std::vector<std::byte>> expert_data;  // [local] contiguous tokens
   std::vector<std::vector<float>> expert_scales;    // [local] e4m3 scales
+  // Memory::device: the first row of each local expert's batch in this call's share of the GPU rows
+  // (kNotOnDevice until expert_tokens copies it there), and the rows used so far.
+  std::vector<std::size_t> device_at;
+  std::size_t device_rows = 0;
   bool released = false;  // all experts regrouped; the release to the sources may wait for older calls
   // ubep layer: this call's outputs to mpi-route sources, staged until the flush after the last expert.
   std::vector<std::byte> out_stage;

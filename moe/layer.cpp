@@ -341,7 +341,7 @@ void Layer::dispatch_recv(Handle& h) {
   s.num_returned = was;
 }
 
-void Layer::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
+void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
   HandleState& s = h.state();
   if (dedup_) return dedup_->combine_send(s, local, outputs);
@@ -423,7 +423,7 @@ void Layer::combine_send(Handle& h, int local, std::span<const std::byte> output
   if (!s.out_stage.empty()) m.out_pool.push_back(std::move(s.out_stage));
 }
 
-void Layer::combine_recv(Handle& h, std::span<float> out) {
+void Layer::recv_outputs(Handle& h, std::span<float> out) {
   // In dispatch order: a source may dispatch call c + S into set c % S as soon as fewer than S of its calls
   // are in flight, so a later call completed first would let call c + S overwrite call c's outputs.
   check_combine_recv(h);

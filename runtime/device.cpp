@@ -413,6 +413,23 @@ void* Context::alloc_device_bytes(std::size_t count, std::size_t elem_size, std:
   return s.device_base + *off;
 }
 
+void Context::copy(void* dst, const void* src, std::size_t bytes) {
+  State& s = *state_;
+  const char* call = "copy";
+  s.check_alive(call);
+  if (bytes == 0) return;
+  if (dst == nullptr || src == nullptr) {
+    s.fail(Errc::invalid_argument, call,
+           std::string(dst == nullptr ? "dst" : "src") + " is null for " + std::to_string(bytes) + " bytes");
+  }
+  if (!s.device) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  s.device->heap->copy_async(dst, src, bytes, s.prefix(call));
+  s.device->heap->synchronize(s.prefix(call));
+}
+
 namespace detail {
 
 std::string gpu_heap_description(const State& s) {

@@ -279,6 +279,18 @@ class Context {
   /// above.
   void get_nbi(void* dest, const void* src, std::size_t bytes, int pe);
 
+  /// A local copy of `bytes` from `src` to `dst` (they must not overlap), each anywhere in this process's
+  /// memory: host memory, the GPU heap, or device memory of the CUDA runtime (cudaMalloc, cudaMallocHost,
+  /// managed memory). Once this rank has a GPU heap (alloc_device) it is a cudaMemcpyAsync with
+  /// cudaMemcpyDefault on ubep's stream, then a wait for that stream (so it also completes this rank's
+  /// earlier copies to node peers' GPU heaps); before that a memcpy, so device memory needs a GPU heap.
+  /// Under UBEP_GPU_EMULATE=1 the GPU heap is host memory and every copy is a memcpy. Symmetric or not,
+  /// nothing is checked but the pointers (null with bytes > 0: Errc::invalid_argument). moe::Layer moves
+  /// device buffers with it (Config::memory).
+  /// @note Local completion: on return `dst` holds the bytes. Remote completion: none. Blocks: for the
+  /// copy (the GPU's, when there is a GPU heap). Communicates: no.
+  void copy(void* dst, const void* src, std::size_t bytes);
+
   /// Where this rank can load and store `bytes` of symmetric `dest` on `pe` directly (OpenSHMEM's
   /// shmem_ptr): pe's copy mapped into this process when route(pe) is self or shm, null otherwise (mpi,
   /// ucx: use put and get). The range is checked like a put's (in the heap, inside one live object), once,

@@ -55,8 +55,22 @@
 /// Up to UBEP_RUN_AHEAD calls may be in flight (dispatch_send again before combine_recv). dispatch_recv,
 /// next_expert, expert_tokens and combine_send take any call in flight, in any order and interleaved;
 /// combine_recv (and combine) completes calls in dispatch order, oldest first, and throws
-/// Errc::invalid_argument for any other call, changing nothing. Host memory. Not thread-safe: one
-/// thread drives a layer.
+/// Errc::invalid_argument for any other call, changing nothing. Host memory, or GPU memory under
+/// Config::memory ("Device memory" below). Not thread-safe: one thread drives a layer.
+///
+/// Device memory (Config::memory = Memory::device; every rank alike). The same calls take and give GPU
+/// memory: tokens, topk_idx, topk_weights and scales (dispatch_send), the outputs (combine_send, combine) and
+/// `out` (combine_recv) may each be device memory (cudaMalloc, the GPU heap of Context::alloc_device) or host
+/// memory; ExpertTokens::data and ::scales are device memory, in the GPU heap. The constructor (collective)
+/// takes UBEP_RUN_AHEAD x ranks x max_tokens_per_rank x min(topk, local experts) token rows and scales from
+/// the GPU heap (device_heap_bytes(); creating the heap if it is the first alloc_device, with its errors:
+/// Errc::unsupported on every rank when some rank has no GPU, OutOfHeap naming UBEP_GPU_HEAP_SIZE). The layer moves
+/// data between the caller's memory and its own through host memory with Context::copy (cudaMemcpyDefault, waited for):
+/// the inputs to host at dispatch_send and combine_send, an expert's batch to the GPU at the first expert_tokens call
+/// for it (which then blocks for that copy), the sums to `out` at combine_recv. Everything between ranks goes as with
+/// host memory, so outputs are bit-identical to Memory::host for the same inputs, in every mode, route and
+/// implementation. What this is not: GPU to GPU between ranks (the Context's put/get/put_signal on the GPU heap are),
+/// or GPU compute of the reductions (they run on the CPU, as with host memory).
 ///
 /// What completes when: the `@note` on each call of LayerBase (and on the constructors) says it, in the
 /// four parts and words of context.hpp, for Layer and BspLayer where they differ. In short: Layer never
@@ -110,6 +124,14 @@ enum class Combine : std::uint8_t {
 const char* to_string(Combine c) noexcept;
 Combine parse_combine(const std::string& name);  // "per_expert", "per_rank", "per_node"; Errc::invalid_argument
 
+/// Where the caller's buffers live (Config::memory): see "Device memory" at the top of this file.
+enum class Memory : std::uint8_t {
+  host,    ///< every span passed in and handed out is host memory
+  device,  ///< expert batches are handed out in GPU memory; spans passed in may be GPU or host memory
+};
+const char* to_string(Memory m) noexcept;
+Memory parse_memory(const std::string& name);  // "host", "device"; Errc::invalid_argument
+
 struct Config {
   int num_experts = 0;                  ///< experts in the layer, spread over ranks in contiguous blocks
   int hidden = 0;                       ///< elements per token
@@ -118,6 +140,7 @@ struct Config {
   int max_tokens_per_rank = 0;          ///< the largest n any rank passes to dispatch
   Combine combine = Combine::per_node;  ///< the data path and reduction order (every rank alike)
   bool float_partials = false;          ///< per_rank, per_node: partial and node rows in float, not output_dtype
+  Memory memory = Memory::host;         ///< the caller's buffers (every rank alike): "Device memory" above
 };
 
 /// Bytes this rank sent to other ranks (itself excluded), counted by the layer since its construction: token
@@ -172,8 +195,15 @@ class LayerBase {
   const Config& config() const noexcept { return config_; }
   const ExpertMap& experts() const noexcept { return map_; }
   int local_experts() const noexcept { return map_.count(rank_); }
-  /// Bytes of communication buffers this implementation holds on this rank (symmetric + local).
+  /// Bytes of communication buffers this implementation holds on this rank (symmetric + local), host memory.
   virtual std::size_t buffer_bytes() const = 0;
+  /// Bytes of the GPU heap this layer holds on this rank (Memory::device: the expert batches; 0 for host).
+  std::size_t device_buffer_bytes() const noexcept { return device_rows_.size(); }
+  /// The GPU heap bytes a layer of `config` takes per rank on `ranks` ranks at this run-ahead: for
+  /// Memory::device run_ahead x (round256(R x token bytes) + round256(R x 4) for e4m3), R = ranks x
+  /// max_tokens_per_rank x min(topk, local experts of the rank with most); 0 for Memory::host. The GPU heap
+  /// (UBEP_GPU_HEAP_SIZE) must hold it beside the caller's own alloc_device objects.
+  static std::size_t device_heap_bytes(const Config& config, int ranks, unsigned run_ahead);
   virtual const char* name() const noexcept = 0;
   /// What this rank has sent so far (see Traffic).
   const Traffic& traffic() const noexcept { return traffic_; }
@@ -238,7 +268,7 @@ class LayerBase {
   /// per peer with data in flight), at most UBEP_WAIT_TIMEOUT per MPI call; BspLayer: no. Communicates:
   /// Layer: with the sources of this expert's tokens, and after the last local expert a signal to every
   /// source that sent tokens; BspLayer: no (a local copy).
-  virtual void combine_send(Handle& h, int local, std::span<const std::byte> outputs) = 0;
+  void combine_send(Handle& h, int local, std::span<const std::byte> outputs);
   /// Waits for the outputs of every expert this rank's tokens went to and writes
   /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, in the order of Config::combine ("Combine modes"),
   /// original token order.
@@ -253,7 +283,7 @@ class LayerBase {
   /// until every owner this rank sent tokens to has signalled its outputs, at most UBEP_WAIT_TIMEOUT
   /// (Errc::timeout naming the owners); BspLayer: until every rank joins MPI_Alltoallv, without a deadline.
   /// Communicates: Layer: waits for the owners' signals, sends nothing; BspLayer: collective over ctx.comm().
-  virtual void combine_recv(Handle& h, std::span<float> out) = 0;
+  void combine_recv(Handle& h, std::span<float> out);
   /// combine_send for every local expert (outputs[i] for local expert i), then combine_recv. Checks the
   /// order first: a call out of order throws as combine_recv does, before any combine_send.
   /// @note Local completion: on return, as combine_recv (the outputs may be reused too). Remote completion:
@@ -270,6 +300,10 @@ class LayerBase {
   LayerBase(Context& ctx, const Config& config, const char* who);
   /// The implementation part of dispatch_send; `tokens` and `scales` are the caller's (checked) input.
   virtual void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) = 0;
+  /// The implementations of combine_send and combine_recv, on host memory (the caller's, or a host copy of it
+  /// under Memory::device).
+  virtual void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) = 0;
+  virtual void recv_outputs(Handle& h, std::span<float> out) = 0;
   /// Packs the tokens `toks` (with their e4m3 scale) at stride token_bytes_ into `dst`.
   void pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
             std::span<const float> scales) const;
@@ -307,6 +341,16 @@ class LayerBase {
   }
   /// Adds `bytes` sent to `pe` to the dispatch or combine counters.
   void count(bool dispatch, int pe, std::size_t bytes);
+
+ private:
+  /// Memory::device: `bytes` of `src` (any memory) in host memory, in `stage` (Context::copy).
+  template <class T>
+  std::span<const T> to_host(std::span<const T> src, std::vector<std::byte>& stage);
+  Symmetric<std::byte> device_rows_;  // Memory::device: per call in flight, the expert batches handed out
+  std::size_t device_set_ = 0;        // bytes of one call's share of device_rows_
+  std::size_t device_scales_ = 0;     // offset of the scales in a call's share
+  std::vector<std::byte> stage_tokens_, stage_idx_, stage_weights_, stage_scales_, stage_outputs_;
+  std::vector<float> stage_out_;
 };
 
 /// ubep's dispatch/combine: one-sided, signal-synchronized, overlapped, topology-scheduled.
@@ -343,8 +387,6 @@ class Layer final : public LayerBase {
   // The contract of these is the @note of each LayerBase declaration, its "Layer" parts.
   void dispatch_recv(Handle& h) override;
   std::optional<int> next_expert(Handle& h) override;
-  void combine_send(Handle& h, int local, std::span<const std::byte> outputs) override;
-  void combine_recv(Handle& h, std::span<float> out) override;
   /// The peer order this rank uses.
   const std::vector<int>& schedule() const noexcept;
   /// Runs this rank's relay work that can run now (per_node across nodes: forwards the inboxes that have
@@ -360,6 +402,8 @@ class Layer final : public LayerBase {
 
  private:
   void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
+  void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) override;
+  void recv_outputs(Handle& h, std::span<float> out) override;
   void release_if_done(HandleState& s);
   /// Throws OutOfHeap (with the advice) unless `need` bytes fit in the heap's largest free block.
   void check_heap(std::size_t need) const;
@@ -385,11 +429,11 @@ class BspLayer final : public LayerBase {
   // The contract of these is the @note of each LayerBase declaration, its "BspLayer" parts.
   void dispatch_recv(Handle& h) override;
   std::optional<int> next_expert(Handle& h) override;
-  void combine_send(Handle& h, int local, std::span<const std::byte> outputs) override;
-  void combine_recv(Handle& h, std::span<float> out) override;
 
  private:
   void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
+  void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) override;
+  void recv_outputs(Handle& h, std::span<float> out) override;
   std::size_t peak_bytes_ = 0;
   std::vector<std::byte> sendbuf_, recv_, csend_, crecv_;  // reused across calls
 };

@@ -11,11 +11,12 @@
 #
 # Steps: environment (nvidia-smi, nvcc), MPI (installed, or unpacked from UBEP_GPU_DEBS), configure + build
 # (Release with debug info, warnings as errors, CUDA required), the PTX check (build.ptx_signal_orderings),
-# label gpu under UBEP_REQUIRE_GPU=1 (gpu.device_check, gpu.kernels_check: a skip is a failure), the GPU context
-# and public API tests under mpirun at 2 ranks, compute-sanitizer memcheck of gpu_kernels_check (when the tool is
-# there and the machine lets it run; "not run" otherwise, not a failure), the --memory host|device benchmark
-# runs (put latency, put bandwidth, signal latency on one GPU, put bandwidth across 2 virtual nodes: the staged
-# route), then the unit label as a smoke test of the build. Well under ten minutes on a 16-core machine (the build is most of it).
+# label gpu under UBEP_REQUIRE_GPU=1 (gpu.device_check, gpu.kernels_check: a skip is a failure), the GPU
+# context, public API, GPU heap and MoE-on-GPU-memory tests under mpirun, compute-sanitizer memcheck of
+# gpu_kernels_check (when the tool is there and the machine lets it run; "not run" otherwise, not a failure),
+# the --memory host|device benchmark runs (put latency, put bandwidth, signal latency on one GPU, put bandwidth
+# across 2 virtual nodes: the staged route; ubep_moe_bench at 4 ranks), then the unit label as a smoke test of
+# the build. Well under ten minutes on a 16-core machine (the build is most of it).
 #
 # Environment: UBEP_GPU_DEBS (default .gpu-debs in the source tree: the folder of .deb files), UBEP_GPU_BUILD
 # (default build-gpu), UBEP_GPU_PREFIX (default /tmp/ubep-gpu-prefix: where the packages are unpacked),
@@ -42,7 +43,7 @@ if [[ "${1:-}" == --fetch-debs ]]; then
   exit 0
 fi
 if [[ $# -ne 1 || "$1" == -* ]]; then
-  sed -n '8,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '7,10p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1"
@@ -151,7 +152,7 @@ step build configure || {
 step ptx ctest --test-dir "$build" --output-on-failure -R '^build\.ptx_signal_orderings$' --no-tests=error
 step gpu ctest --test-dir "$build" --output-on-failure -L gpu --no-tests=error
 step mpi_gpu ctest --test-dir "$build" --output-on-failure --no-tests=error \
-  -R '^((gpu_context_test|public_api_test|stream_test|gpu_heap_test)\.np2|gpu_heap_test\.np2\.vnodes)$'
+  -R '^((gpu_context_test|public_api_test|stream_test|gpu_heap_test|moe_device_test)\.np2|(gpu_heap|moe_device)_test\.np[24]\.vnodes)$'
 memcheck() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
@@ -175,9 +176,10 @@ bench_device() (  # a subshell: its exports end with it
   local run=("$mpiexec_bin" -n 2 --oversubscribe)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   local b=$build/bench common=(--max-size 4194304 -i 2000 --iterations-large 200 -x 100 --batches 5)
-  local rc=0 mem
+  local rc=0 mem moe_tokens=128,1024
   if [[ "${UBEP_REQUIRE_GPU:-1}" == 0 ]] && ! nvidia-smi >/dev/null 2>&1; then
     export UBEP_GPU_EMULATE=1  # testing the script without a GPU: the heap emulated in host memory
+    moe_tokens=128             # (host memory standing in for GPU memory: keep the MoE run small)
     echo "no GPU and UBEP_REQUIRE_GPU=0: --memory device on the EMULATED heap (UBEP_GPU_EMULATE=1)"
   fi
   for mem in host device; do
@@ -190,6 +192,11 @@ bench_device() (  # a subshell: its exports end with it
     echo "== ubep_put_bw --memory $mem, 2 virtual nodes (device: the staged route)"
     UBEP_VIRTUAL_NODES=2 "${run[@]}" "$b/ubep_put_bw" --max-size 1048576 -i 20 --iterations-large 5 \
       --memory $mem || rc=1
+  done
+  # MoE dispatch/combine with GPU buffers (moe::Config::memory) beside host buffers, 4 ranks on the one GPU.
+  for mem in host device; do
+    echo "== ubep_moe_bench --memory $mem"
+    "$mpiexec_bin" -n 4 --oversubscribe "$b/ubep_moe_bench" --tokens $moe_tokens --compute-us-per-token 0 --memory $mem || rc=1
   done
   return $rc
 )

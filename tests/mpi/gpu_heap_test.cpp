@@ -7,7 +7,8 @@
 //    the nbi calls + quiet, put_signal GPU to GPU and ptr() between the ranks of a node (2 processes on one GPU
 //    share it through CUDA IPC), data checked outside ubep (cudaMemcpy, memcpy); argument errors on GPU
 //    addresses; free, reuse, a host/GPU free mismatch and OutOfHeap; puts to every rank of the other (emulated)
-//    nodes through the staged route, from host and from GPU memory, many chunks each, gets there refused.
+//    nodes through the staged route, from host and from GPU memory, many chunks each, gets there refused;
+//    Context::copy between host memory and the GPU heap.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -18,18 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/mpi/gpu_heap_fixture.hpp"
 #include "tests/mpi/test_util.hpp"
 #include "ubep/config.hpp"
 #include "ubep/ubep.hpp"
 
-#if UBEP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace ubep {
 namespace {
 
-bool gpu_everywhere() { return test::all_ranks(gpu_status().available); }
+using test::gpu_everywhere;
 
 bool on_node(const Context& ctx, int pe) {
   const auto r = ctx.node_ranks();
@@ -95,34 +93,12 @@ TEST(GpuHeap, WithoutAGpuEveryRankFailsTogether) {
   ctx.finalize();
 }
 
-// The calls on GPU addresses, twice: on a heap EMULATED in host memory (UBEP_GPU_EMULATE: every route and rank
-// count, on any machine) and on a real GPU (skipped without one on every rank).
-enum class Heap { emulated, cuda };
+// The calls on GPU addresses, twice: on a heap EMULATED in host memory and on a real GPU (gpu_heap_fixture.hpp).
+using test::Heap;
 
-class GpuHeapCalls : public ::testing::TestWithParam<Heap> {
+class GpuHeapCalls : public test::GpuHeapFixture {
  protected:
-  void SetUp() override {
-    if (GetParam() == Heap::cuda && !gpu_everywhere()) GTEST_SKIP() << "no GPU: " << gpu_status().reason;
-  }
-  Options options(std::size_t gpu_heap_bytes) const {
-    Options o = test::with_heap(4u << 20);
-    o.gpu_heap_size = gpu_heap_bytes;
-    o.gpu_emulate = GetParam() == Heap::emulated;
-    return o;
-  }
-  /// The test's own copy between GPU-heap memory and host memory, outside ubep: cudaMemcpy on a GPU, memcpy
-  /// where the heap is emulated in host memory.
-  void copy_raw(void* dst, const void* src, std::size_t bytes) const {
-    if (GetParam() == Heap::emulated) {
-      std::memcpy(dst, src, bytes);
-      return;
-    }
-#if UBEP_HAVE_CUDA
-    ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), cudaSuccess);
-#else
-    FAIL() << "a CUDA heap in a build without CUDA";
-#endif
-  }
+  Options options(std::size_t gpu_heap_bytes) const { return with_gpu_heap(test::with_heap(4u << 20), gpu_heap_bytes); }
 };
 
 std::vector<std::uint32_t> values(int rank, std::size_t n, unsigned salt) {
@@ -239,6 +215,31 @@ TEST_P(GpuHeapCalls, FreeReuseAndOutOfHeap) {
   ctx.finalize();
 }
 
+// Context::copy: host <-> GPU heap <-> host in both directions, and within the GPU heap; before the GPU heap
+// exists it copies host memory; null pointers and use after finalize are refused.
+TEST_P(GpuHeapCalls, CopyMovesBetweenAnyMemories) {
+  Context ctx(MPI_COMM_WORLD, options(8u << 20));
+  const std::string me = "rank " + std::to_string(ctx.rank()) + ": copy: ";
+  const std::vector<std::uint32_t> want = values(ctx.rank(), 1000, 5);
+  std::vector<std::uint32_t> host(want.size(), 0);
+  ctx.copy(host.data(), want.data(), want.size() * 4);  // no GPU heap yet: a memcpy
+  EXPECT_EQ(host, want);
+  ctx.copy(host.data(), nullptr, 0);  // nothing to copy: no check
+  test::expect_error(Errc::invalid_argument, [&] { ctx.copy(host.data(), nullptr, 4); },
+                     {me, "src is null", "4 bytes"});
+  test::expect_error(Errc::invalid_argument, [&] { ctx.copy(nullptr, host.data(), 8); }, {me, "dst is null"});
+  auto dev = ctx.alloc_device<std::uint32_t>(2 * want.size());
+  ctx.copy(dev.data(), want.data(), want.size() * 4);               // host -> GPU
+  ctx.copy(dev.data() + want.size(), dev.data(), want.size() * 4);  // GPU -> GPU
+  std::vector<std::uint32_t> raw(want.size(), 0), back(want.size(), 0);
+  copy_raw(raw.data(), dev.data() + want.size(), want.size() * 4);  // checked outside ubep
+  EXPECT_EQ(raw, want) << "rank " << ctx.rank();
+  ctx.copy(back.data(), dev.data() + want.size(), want.size() * 4);  // GPU -> host
+  EXPECT_EQ(back, want) << "rank " << ctx.rank();
+  ctx.finalize();
+  test::expect_error(Errc::finalized, [&] { ctx.copy(back.data(), want.data(), 4); }, {"copy"});
+}
+
 TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsToOtherNodes) {
   Options o = options(16u << 20);
   o.gpu_staging_chunk = 64u << 10;
@@ -345,10 +346,7 @@ TEST_P(GpuHeapCalls, StagingBuffersThatDoNotFitLeaveNoHeapBehind) {
   ctx.finalize();
 }
 
-INSTANTIATE_TEST_SUITE_P(Heaps, GpuHeapCalls, ::testing::Values(Heap::emulated, Heap::cuda),
-                         [](const ::testing::TestParamInfo<Heap>& p) {
-                           return p.param == Heap::emulated ? std::string("emulated") : std::string("cuda");
-                         });
+INSTANTIATE_TEST_SUITE_P(Heaps, GpuHeapCalls, ::testing::Values(Heap::emulated, Heap::cuda), test::heap_name);
 
 }  // namespace
 }  // namespace ubep
