@@ -148,6 +148,12 @@ Options Options::from_env() {
   if (const char* v = env("UBEP_PROGRESS_THREAD")) o.progress_thread = parse_bool(v, "UBEP_PROGRESS_THREAD");
   if (const char* v = env("UBEP_GPU")) o.gpu = parse_bool(v, "UBEP_GPU");
   if (const char* v = env("UBEP_GPU_EMULATE")) o.gpu_emulate = parse_bool(v, "UBEP_GPU_EMULATE");
+  if (const char* v = env("UBEP_GPU_MPI_WINDOW")) {
+    o.gpu_mpi_window = trim(v);
+    if (o.gpu_mpi_window != "auto" && o.gpu_mpi_window != "1" && o.gpu_mpi_window != "0") {
+      bad("UBEP_GPU_MPI_WINDOW", v, "expected auto, 1 or 0");
+    }
+  }
   if (const char* v = env("UBEP_GPU_STAGING_CHUNK")) {
     o.gpu_staging_chunk = parse_size(v, "UBEP_GPU_STAGING_CHUNK");
     if (o.gpu_staging_chunk == 0) bad("UBEP_GPU_STAGING_CHUNK", v, "must be positive");
@@ -216,6 +222,7 @@ std::vector<std::string> Options::describe() const {
   out.push_back("UBEP_GPU_HEAP_SIZE=" + std::to_string(gpu_heap_size));
   out.push_back("UBEP_GPU_STAGING_CHUNK=" + std::to_string(gpu_staging_chunk));
   out.push_back(std::string("UBEP_GPU_EMULATE=") + (gpu_emulate ? "1" : "0"));
+  out.push_back("UBEP_GPU_MPI_WINDOW=" + gpu_mpi_window);
   out.push_back("UBEP_VIRTUAL_NODES=" + virtual_nodes);
   out.push_back("UBEP_SCHEDULE=" + schedule);
   out.push_back("UBEP_TOPOLOGY_FILE=" + topology_file);

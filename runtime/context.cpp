@@ -134,6 +134,8 @@ void State::teardown() noexcept {
   stop_progress_thread();
   gpu_streams.reset();  // CUDA's registrations of the heaps go before the windows that hold them
   staged = nullptr;
+  device_window = nullptr;
+  if (device) device->close_window();  // collective, like the windows below
   device.reset();  // the GPU heaps: this rank's and the node peers' mappings, the staged route (device.cpp)
   device_base = nullptr;
   device_size = 0;
@@ -304,6 +306,11 @@ void build(State& s, MPI_Comm user_comm) {
       {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
        "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE",
        "UBEP_GPU_EMULATE"});
+  // How GPU-heap data reaches other nodes: a staged route of different chunks, or a window on some ranks
+  // only, would be a different protocol or a collective that the others never join.
+  s.collective(call, detail::CollKind::create,
+               {static_cast<std::int64_t>(s.options.gpu_staging_chunk), hash_text(s.options.gpu_mpi_window)},
+               {"UBEP_GPU_STAGING_CHUNK", "hash(UBEP_GPU_MPI_WINDOW)"});
   check_gpu(s);
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);

@@ -16,10 +16,21 @@
 #include "base/poll.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/state.hpp"
+#include "transports/mpi_rma.hpp"
 #include "transports/staging.hpp"
 #include "transports/transport.hpp"
 #include "ubep/config.hpp"
 #include "ubep/gpu.hpp"
+
+// MPIX_Query_cuda_support(): Open MPI declares it in mpi-ext.h, MPICH (4.0 on) in mpi.h; SimGrid has none.
+#if !UBEP_SIMGRID && defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#define UBEP_MPI_HAS_CUDA_QUERY 1
+#elif !UBEP_SIMGRID && defined(MPICH_NUMVERSION) && MPICH_NUMVERSION >= 40000000
+#define UBEP_MPI_HAS_CUDA_QUERY 1
+#else
+#define UBEP_MPI_HAS_CUDA_QUERY 0
+#endif
 
 namespace ubep {
 namespace detail {
@@ -250,6 +261,57 @@ std::unique_ptr<DeviceHeap> make_heap(State& s, const char* call) {
 #endif
 }
 
+/// What this rank's MPI says of GPU memory: 1 CUDA-aware (MPIX_Query_cuda_support() = 1), 0 not, -1 it cannot
+/// say (no such query: SimGrid, other MPIs).
+int cuda_aware_mpi() {
+#if UBEP_MPI_HAS_CUDA_QUERY
+  return MPIX_Query_cuda_support() ? 1 : 0;
+#else
+  return -1;
+#endif
+}
+
+/// Collective (the job spans nodes): whether an MPI window over the GPU heap carries GPU-heap data to other
+/// nodes (UBEP_GPU_MPI_WINDOW), and why; throws on every rank when "1" is refused.
+bool use_window(State& s, const char* call, std::string& why) {
+  const std::string& mode = s.options.gpu_mpi_window;
+  if (mode == "0") return false;
+  const int aware = cuda_aware_mpi();
+  if (mode == "1") {
+    agree_step(s, call, attempt([&] {
+                 if (!s.options.gpu_emulate && aware == 0) {
+                   s.fail(Errc::unsupported, call,
+                          "UBEP_GPU_MPI_WINDOW=1, but this MPI is not CUDA-aware (MPIX_Query_cuda_support() = 0): "
+                          "it cannot move GPU memory; UBEP_GPU_MPI_WINDOW=auto takes the staged route");
+                 }
+               }),
+               "use an MPI window over its GPU heap");
+    why = "UBEP_GPU_MPI_WINDOW=1";
+    return true;
+  }
+  int mine = aware == 1 ? 1 : 0, all = 0;
+  UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, s.comm));
+  why = "CUDA-aware MPI: MPIX_Query_cuda_support() = 1 on every rank";
+  return all == 1;
+}
+
+/// Collective: the window over the GPU heap and the mpi transport on it (flushes to other nodes bounded as the
+/// mpi route's, UBEP_MPI_BOUNDED).
+void open_window(State& s, const char* call) {
+  DeviceMemory& d = *s.device;
+  UBEP_MPI_CHECK(
+      s.rank, call,
+      MPI_Win_create(s.device_base, static_cast<MPI_Aint>(s.device_size), 1, MPI_INFO_NULL, s.comm, &d.window));
+  UBEP_MPI_CHECK(s.rank, call, MPI_Win_set_errhandler(d.window, MPI_ERRORS_RETURN));
+  UBEP_MPI_CHECK(s.rank, call, MPI_Win_lock_all(MPI_MODE_NOCHECK, d.window));
+  std::vector<std::uint8_t> off_node(s.size, 1);
+  for (const int r : s.node_ranks) off_node[r] = 0;
+  d.window_route = std::make_unique<MpiRmaTransport>(
+      d.window, s.rank, s.size, false,
+      !UBEP_SIMGRID && s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off",
+      s.options.mpi_bounded == "all", std::move(off_node), s.options.wait_timeout, s.options.poll);
+}
+
 /// Collective: this rank's heap, the node peers' mapped; s.device and s.device_base/size set on success.
 void create(State& s, const char* call) {
   auto mem = std::make_unique<DeviceMemory>();
@@ -279,10 +341,18 @@ void create(State& s, const char* call) {
   s.device_size = mem->heap->size();
   s.device = std::move(mem);
   if (s.node_ranks.size() == static_cast<std::size_t>(s.size)) return;
-  // The job spans nodes: the staged route, or no GPU heap at all (a later alloc_device tries again).
+  // The job spans nodes: an MPI window over the GPU heap, or the staged route, or no GPU heap at all (a later
+  // alloc_device tries again).
   constexpr std::size_t kNone = ~std::size_t{0};
   std::size_t region = kNone;
   try {
+    std::string why;
+    if (use_window(s, call, why)) {
+      s.device->window_why = why;
+      open_window(s, call);
+      s.device_window = s.device->window_route.get();
+      return;
+    }
     const std::size_t chunk = (s.options.gpu_staging_chunk + 63) / 64 * 64;
     const std::size_t bytes = StagedRoute::region_bytes(s.size, chunk);
     const char* what = "alloc_device (the staged route's host buffers, UBEP_GPU_STAGING_CHUNK)";
@@ -296,6 +366,7 @@ void create(State& s, const char* call) {
     s.staged = s.device->staged.get();
   } catch (...) {
     if (region != kNone) s.release(region);
+    s.device_window = nullptr;
     s.device.reset();
     s.device_base = nullptr;
     s.device_size = 0;
@@ -308,12 +379,21 @@ void create(State& s, const char* call) {
 DeviceMemory::DeviceMemory() = default;
 DeviceMemory::~DeviceMemory() = default;
 
+void DeviceMemory::close_window() noexcept {
+  window_route.reset();
+  if (window != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(window);
+    MPI_Win_free(&window);
+  }
+}
+
 void State::progress_staged() {
   if (staged->progress()) flush_pending_signals();  // credits on the mpi route go out now, not at the next call
 }
 
 void State::synchronize_device(const char* call) {
   device->heap->synchronize(prefix(call));
+  if (device->window_route && device->window_route->outstanding()) device->window_route->flush_all();
   if (staged && !staged->idle()) {
     // Every chunk of this rank's staged transfers on a target's GPU: the targets must progress (they do in
     // every ubep call); this rank drives its own side and serves its peers meanwhile.
@@ -357,7 +437,7 @@ std::pair<std::size_t, char*> device_target(State& s, const char* call, const vo
   const std::size_t off = check_heap_range(s, call, addr, bytes, s.device_base, s.device_size, s.device->alloc,
                                            "symmetric GPU heap", "pass a pointer into an object from alloc_device");
   char* peer = s.device->peer[pe];
-  if (peer == nullptr && !staged_ok) {
+  if (peer == nullptr && !staged_ok && !s.device->window_route) {
     s.fail(Errc::unsupported, call,
            "rank " + std::to_string(pe) + " is on another node (route " + to_string(s.routes[pe]) +
                "): its GPU heap is reached by the staged route, which carries puts only: let rank " +
@@ -372,6 +452,8 @@ void State::device_put(const char* call, void* dest, const void* src, std::size_
   const auto [off, peer] = device_target(*this, call, dest, bytes, pe, true);
   if (peer != nullptr) {
     device->heap->copy_async(peer + off, src, bytes, prefix(call));
+  } else if (device->window_route) {  // complete at synchronize_device's flush (below, or at quiet())
+    device->window_route->put_nbi(off, src, bytes, pe);
   } else {
     staged->peers[pe].origin->put(src, off, bytes, 0);
     progress_staged();  // the first chunks start now
@@ -382,7 +464,13 @@ void State::device_put(const char* call, void* dest, const void* src, std::size_
 
 void State::device_get(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
   const auto [off, peer] = device_target(*this, call, src, bytes, pe, false);
-  device->heap->copy_async(dest, peer + off, bytes, prefix(call));
+  if (peer != nullptr) {
+    device->heap->copy_async(dest, peer + off, bytes, prefix(call));
+  } else if (complete) {
+    device->window_route->get(dest, off, bytes, pe);  // dest holds the data on return
+  } else {
+    device->window_route->get_nbi(dest, off, bytes, pe);
+  }
   device_pending = true;
   if (complete) synchronize_device(call);
 }
@@ -445,6 +533,18 @@ std::string gpu_path(const State& s, int pe) {
   if (pe == s.rank) return "self: copies within this rank's GPU heap";
   if (std::find(s.node_ranks.begin(), s.node_ranks.end(), pe) != s.node_ranks.end())
     return "CUDA IPC: the node peer's GPU heap mapped here, copies on ubep's stream";
+  if (s.device && s.device->window_route) {
+    return "MPI window: another node, MPI_Put/MPI_Get on a window over the GPU heap (" + s.device->window_why + ")";
+  }
+  if (!s.device && s.options.gpu_mpi_window != "0") {  // decided by the first alloc_device
+    const std::string window = s.options.gpu_mpi_window == "1" ? "UBEP_GPU_MPI_WINDOW=1"
+                               : cuda_aware_mpi() == 1         ? "if every rank's MPI is CUDA-aware"
+                                                               : "";
+    if (!window.empty()) {
+      return "MPI window: another node, MPI_Put/MPI_Get on a window over the GPU heap (" + window +
+             ", decided at the first alloc_device)";
+    }
+  }
   return std::string("staged: another node, device -> host -> route ") + to_string(s.routes[pe]) +
          " -> host -> device in chunks of UBEP_GPU_STAGING_CHUNK=" + std::to_string(s.options.gpu_staging_chunk) +
          " (puts only)";

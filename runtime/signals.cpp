@@ -37,6 +37,7 @@ void State::progress() {
   if (staged) progress_staged();
   if (ucx) ucx->poll();
   if (mpi) mpi->progress(comm);
+  if (device_window) device_window->progress(comm);
 }
 
 void State::apply_sent_signal_messages(const char* call) {
@@ -199,7 +200,10 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
     if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
     if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
     if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
-    if (backoff.pause() && s.mpi && !messages) s.mpi->progress(s.comm);  // messages: deliver() progressed
+    if (backoff.pause()) {
+      if (s.mpi && !messages) s.mpi->progress(s.comm);         // messages: deliver() progressed
+      if (s.device_window) s.device_window->progress(s.comm);  // peers' RMA on the GPU heap's window
+    }
     if (timeout > 0 && (backoff.polls() & 15) == 0) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout) timeout_report(s, call, sigs, cmp, t, opts, waited, mode);

@@ -118,6 +118,7 @@ class State {
   bool device_pending = false;  // device copies issued and not yet complete (put_nbi, get_nbi)
   std::unique_ptr<DeviceMemory> device;
   StagedRoute* staged = nullptr;  // device->staged: the staged route of GPU-heap data to other nodes, or null
+  MpiRmaTransport* device_window = nullptr;  // device->window_route (UBEP_GPU_MPI_WINDOW), or null
   /// Moves the staged route on (arrivals, copies, credits): in every wait, progress() and collective.
   void progress_staged();
   /// True for an address in this rank's GPU heap (one subtraction and compare; false before it exists).

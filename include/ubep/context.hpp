@@ -48,7 +48,11 @@
 ///       on ubep's stream into (out of) pe's heap mapped here, no MPI; put, get, put_signal and
 ///       put_signal_nbi wait for it (local and remote completion on return), put_nbi and get_nbi complete at
 ///       the next quiet() or flush();
-///     - pe on another node: puts only (gets throw Errc::unsupported), through the staged route: chunks of
+///     - pe on another node, with an MPI window over the GPU heap (UBEP_GPU_MPI_WINDOW: auto where every
+///       rank's MPI is CUDA-aware, or forced with 1): MPI_Put/MPI_Get on that window with the mpi route's notes
+///       (put_nbi/get_nbi issue only), and put, get, put_signal and put_signal_nbi complete it (MPI_Win_flush)
+///       before they return; pe's MPI completes it while pe runs MPI or ubep code, at most UBEP_WAIT_TIMEOUT;
+///     - pe on another node otherwise: puts only (gets throw Errc::unsupported), through the staged route: chunks of
 ///       UBEP_GPU_STAGING_CHUNK, device -> host -> pe's host route -> host -> device, at most 2 in flight per
 ///       pair, each acknowledged by pe once it is on pe's device. put, put_signal and put_signal_nbi return
 ///       when every chunk is acknowledged (local and remote completion), put_nbi at once (`src` unchanged

@@ -69,6 +69,12 @@ struct Options {
   /// machine, GPU or not, so that alloc_device and every call on GPU addresses run where there is no GPU.
   /// Everything that describes the heap says EMULATING. Default 0.
   bool gpu_emulate = false;
+  /// UBEP_GPU_MPI_WINDOW (collective): how GPU-heap data reaches ranks of other nodes. "auto" (default): an MPI
+  /// window over the GPU heap (MPI_Put/MPI_Get with device addresses) when every rank's MPI says it is
+  /// CUDA-aware (MPIX_Query_cuda_support() = 1), else the staged route (UBEP_GPU_STAGING_CHUNK). "1": the
+  /// window always (for an MPI that is CUDA-aware without that query, or for testing with UBEP_GPU_EMULATE=1;
+  /// refused with a real GPU heap when MPIX_Query_cuda_support() says 0). "0": the staged route always.
+  std::string gpu_mpi_window = "auto";
   /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
   std::uint32_t progress_interval_us = 50;
   /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.

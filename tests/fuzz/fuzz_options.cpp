@@ -24,7 +24,7 @@ constexpr const char* kVars[] = {"UBEP_HEAP_SIZE",         "UBEP_WAIT_TIMEOUT", 
                                  "UBEP_VIRTUAL_NODES",     "UBEP_SCHEDULE",        "UBEP_TOPOLOGY_FILE",
                                  "UBEP_TOPOLOGY_PROBE",    "UBEP_RUN_AHEAD",       "UBEP_MPI_SIGNAL",
                                  "UBEP_UCX_MODE",          "UBEP_MPI_BOUNDED",     "UBEP_GPU_HEAP_SIZE",
-                                 "UBEP_GPU_STAGING_CHUNK", "UBEP_GPU_EMULATE"};
+                                 "UBEP_GPU_STAGING_CHUNK", "UBEP_GPU_EMULATE",     "UBEP_GPU_MPI_WINDOW"};
 constexpr int kNumVars = sizeof kVars / sizeof kVars[0];
 
 void clear_env() {
@@ -89,6 +89,7 @@ void check_fields(const ubep::Options& o) {
   UBEP_FUZZ_CHECK(o.run_ahead >= 1 && o.run_ahead <= 64, std::to_string(o.run_ahead));
   UBEP_FUZZ_CHECK(one_of(o.ucx_mode, {"auto", "am", "rdma"}), o.ucx_mode);
   UBEP_FUZZ_CHECK(one_of(o.mpi_bounded, {"auto", "all", "off"}), o.mpi_bounded);
+  UBEP_FUZZ_CHECK(one_of(o.gpu_mpi_window, {"auto", "1", "0"}), o.gpu_mpi_window);
   UBEP_FUZZ_CHECK(o.virtual_nodes == trim(o.virtual_nodes), "virtual_nodes not trimmed");
 }
 
@@ -112,6 +113,7 @@ void check_round_trip(const ubep::Options& o) {
   UBEP_FUZZ_CHECK(b.gpu_heap_size == o.gpu_heap_size, "gpu_heap_size");
   UBEP_FUZZ_CHECK(b.gpu_staging_chunk == o.gpu_staging_chunk, "gpu_staging_chunk");
   UBEP_FUZZ_CHECK(b.gpu_emulate == o.gpu_emulate, "gpu_emulate");
+  UBEP_FUZZ_CHECK(b.gpu_mpi_window == o.gpu_mpi_window, "gpu_mpi_window");
   UBEP_FUZZ_CHECK(ta == tb, "wait_timeout " + std::to_string(ta));  // F2 (fixed): %.17g reads back exactly
   UBEP_FUZZ_CHECK(b.poll.spin == o.poll.spin && b.poll.yield == o.poll.yield &&
                       b.poll.sleep_max_us == o.poll.sleep_max_us && b.poll.progress_every == o.poll.progress_every,

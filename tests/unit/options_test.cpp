@@ -86,6 +86,22 @@ TEST(Options, MpiBounded) {
   EXPECT_TRUE(found);
 }
 
+TEST(Options, GpuMpiWindow) {
+  unsetenv("UBEP_GPU_MPI_WINDOW");
+  EXPECT_EQ(Options::from_env().gpu_mpi_window, "auto") << "the default is auto";
+  for (const auto& [text, want] : {std::pair{"1", "1"}, std::pair{"0", "0"}, std::pair{" auto ", "auto"}}) {
+    Env e("UBEP_GPU_MPI_WINDOW", text);
+    EXPECT_EQ(Options::from_env().gpu_mpi_window, want) << text;
+  }
+  const std::string what = error_of("UBEP_GPU_MPI_WINDOW", "yes");
+  EXPECT_NE(what.find("UBEP_GPU_MPI_WINDOW"), std::string::npos) << what;
+  EXPECT_NE(what.find("auto, 1 or 0"), std::string::npos) << what;
+  Env e("UBEP_GPU_MPI_WINDOW", "0");
+  bool found = false;
+  for (const std::string& line : Options::from_env().describe()) found = found || line == "UBEP_GPU_MPI_WINDOW=0";
+  EXPECT_TRUE(found);
+}
+
 TEST(Options, DescribeListsEveryVariable) {
   Env e("UBEP_MPI_SIGNAL", "accumulate");
   bool found = false;
