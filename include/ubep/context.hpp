@@ -220,14 +220,15 @@ class Context {
   /// UBEP_GPU_HEAP_SIZE bytes on the CUDA device current on the calling thread (cudaSetDevice before it) and
   /// maps the heaps of this rank's node peers (CUDA IPC); every later call hands out objects in it. put, get,
   /// put_nbi, get_nbi, put_signal, put_signal_nbi and ptr() accept pointers into it for this rank and the
-  /// ranks of its node (node_ranks(), whatever route() says for host memory; CUDA IPC), puts also for ranks of
-  /// other nodes (the staged route: "GPU heap" above); atomics and signal words in it get
-  /// Errc::not_symmetric (they live in the host heap: alloc, alloc_signals). When the job spans nodes, the
-  /// first call also takes the staged route's buffers from the host heap (4 UBEP_GPU_STAGING_CHUNK per rank
-  /// of the job). Throws, on every rank together: Errc::unsupported when some rank has no
-  /// usable GPU, the build has no CUDA, or the ranks of a node cannot map each other's heaps (naming the rank
-  /// and CUDA's answer; the context stays usable for host memory and a later call tries again); OutOfHeap
-  /// naming UBEP_GPU_HEAP_SIZE; the errors of alloc.
+  /// ranks of its node (node_ranks(), whatever route() says for host memory; CUDA IPC), and for ranks of
+  /// other nodes puts and gets through an MPI window over the GPU heap where MPI is CUDA-aware
+  /// (UBEP_GPU_MPI_WINDOW), else puts only (the staged route: "GPU heap" above); atomics and signal words in it
+  /// get Errc::not_symmetric (they live in the host heap: alloc, alloc_signals). When the job spans nodes, the
+  /// first call also creates that window (collective), or takes the staged route's buffers from the host heap (4
+  /// UBEP_GPU_STAGING_CHUNK per rank of the job). Throws, on every rank together: Errc::unsupported when some rank has
+  /// no usable GPU, the build has no CUDA, or the ranks of a node cannot map each other's heaps (naming the rank and
+  /// CUDA's answer; the context stays usable for host memory and a later call tries again); OutOfHeap naming
+  /// UBEP_GPU_HEAP_SIZE; the errors of alloc.
   /// @note Local completion: as alloc (every operation this rank issued before is complete, device copies
   /// too). Remote completion: as alloc. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each;
   /// the first call also the heap's creation and the exchange of CUDA IPC handles with the node, at most
