@@ -13,10 +13,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/mpi/gpu_heap_fixture.hpp"
@@ -356,9 +358,51 @@ TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
   ctx.finalize();
 }
 
+// The window route with UBEP_PROGRESS_THREAD=1: a put to a rank of another node completes while that rank
+// computes outside ubep and MPI (the thread's MPI calls progress the window where MPI needs the target's
+// progress; Debian's Open MPI with UCX, on virtual and on netns-emulated nodes, lands it even without the thread,
+// so here this holds the promise, it does not isolate the thread). The target watches its own GPU heap
+// (emulated: host memory) with plain loads until the data is there.
+TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
+  Options o = test::with_heap(4u << 20);
+  o.gpu_heap_size = 16u << 20;
+  o.gpu_emulate = true;
+  o.gpu_mpi_window = "1";
+  o.progress_thread = true;
+  o.wait_timeout = std::chrono::seconds(30);
+  Context ctx(MPI_COMM_WORLD, o);
+  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
+    ctx.finalize();
+    GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
+  }
+  constexpr std::size_t kN = 100000;
+  auto buf = ctx.alloc_device<std::uint32_t>(kN);
+  int target = 0;
+  while (on_node(ctx, target)) ++target;  // rank 0's first peer on another node
+  const std::vector<std::uint32_t> data = values(0, kN, 9);
+  ctx.barrier();
+  if (ctx.rank() == 0) {
+    ctx.put(buf.data(), data.data(), kN * 4, target);  // returns remotely complete: the target never called ubep
+  } else if (ctx.rank() == target) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    bool there = false;
+    while (!there && std::chrono::steady_clock::now() < deadline) {
+      there = true;
+      for (std::size_t i = 0; i < kN && there; ++i) {
+        there = std::atomic_ref<std::uint32_t>(buf.data()[i]).load(std::memory_order_acquire) == data[i];
+      }
+      if (!there) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "computing": no MPI, no ubep
+    }
+    EXPECT_TRUE(there) << "rank " << target << ": rank 0's put did not land within 30 s while this rank computed";
+  }
+  ctx.barrier();
+  ctx.finalize();
+}
+
 TEST_P(GpuHeapCalls, AStagedPutToATargetOutsideUbepEndsAtTheDeadline) {
   Options o = options(16u << 20);
   o.gpu_staging_chunk = 64u << 10;
+  o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
   o.wait_timeout = std::chrono::seconds(1);
   Context ctx(MPI_COMM_WORLD, o);
   if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
