@@ -110,6 +110,52 @@ std::vector<std::uint32_t> values(int rank, std::size_t n, unsigned salt) {
   return v;
 }
 
+/// The ranks of other nodes than this rank's.
+std::vector<int> far_ranks(const Context& ctx) {
+  std::vector<int> far;
+  for (int pe = 0; pe < ctx.size(); ++pe) {
+    if (!on_node(ctx, pe)) far.push_back(pe);
+  }
+  return far;
+}
+
+/// Every rank to every rank of `far`, into its own part (n words at rank * n) of `buf` in the GPU heap: put_signal
+/// from host memory (values salted `salt`), the signal after the data; then put_nbi from its GPU heap itself
+/// (salt + 1) completed by quiet(). Each target checks what arrived through `copy` (a copy outside ubep).
+template <class Copy>
+void puts_to_far_ranks(Context& ctx, std::uint32_t* buf, std::uint64_t* sig, std::size_t n, const std::vector<int>& far,
+                       unsigned salt, Copy copy) {
+  const int me = ctx.rank();
+  std::uint32_t* part = buf + static_cast<std::size_t>(me) * n;
+  const std::vector<std::uint32_t> first = values(me, n, salt);
+  for (int pe : far) ctx.put_signal(part, first.data(), n * 4, sig + me, 1, SignalOp::set, pe);
+  std::vector<std::uint32_t> back(n);
+  for (int from : far) {
+    ctx.wait_until(sig + from, Cmp::eq, 1);
+    copy(back.data(), buf + static_cast<std::size_t>(from) * n, n * 4);
+    EXPECT_EQ(back, values(from, n, salt)) << "put_signal from rank " << from << " to rank " << me;
+  }
+  ctx.barrier();
+  const std::vector<std::uint32_t> second = values(me, n, salt + 1);
+  ctx.put(part, second.data(), n * 4, me);
+  for (int pe : far) ctx.put_nbi(part, part, n * 4, pe);
+  ctx.quiet();
+  ctx.barrier();
+  for (int from : far) {
+    copy(back.data(), buf + static_cast<std::size_t>(from) * n, n * 4);
+    EXPECT_EQ(back, values(from, n, salt + 1)) << "put_nbi from rank " << from << " to rank " << me;
+  }
+}
+
+/// The emulated GPU heap with the window route forced (UBEP_GPU_MPI_WINDOW=1).
+Options window_options() {
+  Options o = test::with_heap(4u << 20);
+  o.gpu_heap_size = 16u << 20;
+  o.gpu_emulate = true;
+  o.gpu_mpi_window = "1";
+  return o;
+}
+
 TEST_P(GpuHeapCalls, PutGetAndSignalsBetweenTheRanksOfANode) {
   Context ctx(MPI_COMM_WORLD, options(64u << 20));
   constexpr std::size_t kN = 1u << 18;  // 1 MiB of uint32
@@ -251,34 +297,14 @@ TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsToOtherNodes) {
   constexpr std::size_t kN = 100000;  // 400000 bytes: 6 chunks and a part, more than the 2 slots in flight
   auto buf = ctx.alloc_device<std::uint32_t>(kN * static_cast<std::size_t>(p));  // part r: what rank r sends
   auto sig = ctx.alloc_signals(static_cast<std::size_t>(p));
-  std::vector<int> far;
-  for (int pe = 0; pe < p; ++pe) {
-    if (!on_node(ctx, pe)) far.push_back(pe);
-  }
+  const std::vector<int> far = far_ranks(ctx);
   const RuntimeInfo info = ctx.info();
   for (int pe : far) EXPECT_EQ(info.gpu_peers[pe].rfind("staged: another node", 0), 0u) << info.gpu_peers[pe];
   std::uint32_t* part = buf.data() + static_cast<std::size_t>(me) * kN;
-  // put_signal from host memory: every rank to every rank of the other nodes at once (each serves the others'
-  // chunks while it waits for its own credits), then the signal, after the data.
-  const std::vector<std::uint32_t> first = values(me, kN, 3);
-  for (int pe : far) ctx.put_signal(part, first.data(), kN * 4, sig.data() + me, 1, SignalOp::set, pe);
-  std::vector<std::uint32_t> back(kN);
-  for (int from : far) {
-    ctx.wait_until(sig.data() + from, Cmp::eq, 1);
-    copy_raw(back.data(), buf.data() + static_cast<std::size_t>(from) * kN, kN * 4);
-    EXPECT_EQ(back, values(from, kN, 3)) << "put_signal from rank " << from << " to rank " << me;
-  }
-  ctx.barrier();
-  // put_nbi from the GPU heap itself (device -> host -> wire -> host -> device), completed by quiet().
-  const std::vector<std::uint32_t> second = values(me, kN, 4);
-  ctx.put(part, second.data(), kN * 4, me);
-  for (int pe : far) ctx.put_nbi(part, part, kN * 4, pe);
-  ctx.quiet();
-  ctx.barrier();
-  for (int from : far) {
-    copy_raw(back.data(), buf.data() + static_cast<std::size_t>(from) * kN, kN * 4);
-    EXPECT_EQ(back, values(from, kN, 4)) << "put_nbi from rank " << from << " to rank " << me;
-  }
+  // Every rank to every rank of the other nodes at once: each serves the others' chunks while it waits for its
+  // own credits; put_nbi from the GPU heap goes device -> host -> wire -> host -> device.
+  puts_to_far_ranks(ctx, buf.data(), sig.data(), kN, far, 3,
+                    [&](void* d, const void* src, std::size_t b) { copy_raw(d, src, b); });
   // Gets reach only this node; ptr() has no mapping of another node's heap.
   std::uint32_t one = 0;
   for (int pe : far) {
@@ -295,16 +321,9 @@ TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsToOtherNodes) {
 // of other nodes (what a CUDA-aware MPI gets by default; Debian's MPIs are not, so it is forced here, on host
 // memory standing in for the GPU's).
 TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
-  Options o = test::with_heap(4u << 20);
-  o.gpu_heap_size = 16u << 20;
-  o.gpu_emulate = true;
-  o.gpu_mpi_window = "1";
-  Context ctx(MPI_COMM_WORLD, o);
+  Context ctx(MPI_COMM_WORLD, window_options());
   const int me = ctx.rank(), p = ctx.size();
-  std::vector<int> far;
-  for (int pe = 0; pe < p; ++pe) {
-    if (!on_node(ctx, pe)) far.push_back(pe);
-  }
+  const std::vector<int> far = far_ranks(ctx);
   if (far.empty()) {
     ctx.finalize();
     GTEST_SKIP() << "every rank on one node: no window (needs UBEP_VIRTUAL_NODES or several nodes)";
@@ -322,26 +341,10 @@ TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
     EXPECT_EQ(path, "MPI window: another node, MPI_Put/MPI_Get on a window over the GPU heap (UBEP_GPU_MPI_WINDOW=1)");
   }
   std::uint32_t* part = buf.data() + static_cast<std::size_t>(me) * kN;
-  // put_signal from host memory to every rank of the other nodes: the data is there when the signal is.
-  const std::vector<std::uint32_t> first = values(me, kN, 7);
-  for (int pe : far) ctx.put_signal(part, first.data(), kN * 4, sig.data() + me, 1, SignalOp::set, pe);
+  puts_to_far_ranks(ctx, buf.data(), sig.data(), kN, far, 7, [](void* d, const void* src, std::size_t b) {
+    std::memcpy(d, src, b);  // the emulated heap is host memory
+  });
   std::vector<std::uint32_t> back(kN);
-  for (int from : far) {
-    ctx.wait_until(sig.data() + from, Cmp::eq, 1);
-    std::memcpy(back.data(), buf.data() + static_cast<std::size_t>(from) * kN, kN * 4);
-    EXPECT_EQ(back, values(from, kN, 7)) << "put_signal from rank " << from << " to rank " << me;
-  }
-  ctx.barrier();
-  // put_nbi from the GPU heap itself, completed by quiet().
-  const std::vector<std::uint32_t> second = values(me, kN, 8);
-  ctx.put(part, second.data(), kN * 4, me);
-  for (int pe : far) ctx.put_nbi(part, part, kN * 4, pe);
-  ctx.quiet();
-  ctx.barrier();
-  for (int from : far) {
-    std::memcpy(back.data(), buf.data() + static_cast<std::size_t>(from) * kN, kN * 4);
-    EXPECT_EQ(back, values(from, kN, 8)) << "put_nbi from rank " << from << " to rank " << me;
-  }
   // get (complete on return) and get_nbi + quiet() of each far rank's own part, from its GPU heap.
   for (int pe : far) {
     std::uint32_t* theirs = buf.data() + static_cast<std::size_t>(pe) * kN;
@@ -364,10 +367,7 @@ TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
 // so here this holds the promise, it does not isolate the thread). The target watches its own GPU heap
 // (emulated: host memory) with plain loads until the data is there.
 TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
-  Options o = test::with_heap(4u << 20);
-  o.gpu_heap_size = 16u << 20;
-  o.gpu_emulate = true;
-  o.gpu_mpi_window = "1";
+  Options o = window_options();
   o.progress_thread = true;
   o.wait_timeout = std::chrono::seconds(30);
   Context ctx(MPI_COMM_WORLD, o);
