@@ -26,6 +26,17 @@ Options heap(std::size_t mib = 32) {
   return o;
 }
 
+// How many rounds a stress loop runs: `local` where every rank reaches every peer by load/store (self,
+// shm: a round costs about a microsecond), `remote` where any rank has a message route (mpi, ucx: up to a
+// millisecond over the emulated nodes' TCP). Agreed by all ranks, so a ring runs the same rounds everywhere.
+std::uint64_t rounds(const Context& ctx, std::uint64_t local, std::uint64_t remote) {
+  int all_local = 1;
+  for (int pe = 0; pe < ctx.size(); ++pe)
+    if (ctx.route(pe) != Route::self && ctx.route(pe) != Route::shm) all_local = 0;
+  EXPECT_EQ(MPI_Allreduce(MPI_IN_PLACE, &all_local, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), MPI_SUCCESS);
+  return all_local ? local : remote;
+}
+
 std::uint64_t checksum(const std::uint8_t* p, std::size_t n) {
   std::uint64_t h = 1469598103934665603ULL;
   for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
@@ -168,12 +179,12 @@ TEST(Signal, ManyWritersAddExactly) {
   const int n = ctx.size();
   auto sig = ctx.alloc_signals(1);
   auto dummy = ctx.alloc<std::uint64_t>(1);
-  constexpr std::uint64_t kAdds = 3000;
+  const std::uint64_t adds = rounds(ctx, 3000, 1000);
   // The source of a put_signal_nbi may be reused only after quiet(): one word that outlives the loop
   // and never changes (not the loop variable, which changes every iteration and is gone at the last
   // quiet; ASan caught UCX reading it there as stack-use-after-scope).
   const std::uint64_t payload = 0x5eed'0000'0000'0001ULL;
-  for (std::uint64_t i = 0; i < kAdds; ++i) {
+  for (std::uint64_t i = 0; i < adds; ++i) {
     for (int pe = 0; pe < n; ++pe) {
       if (i % 2) {
         ctx.signal_op(sig.data(), 1, SignalOp::add, pe);
@@ -184,9 +195,9 @@ TEST(Signal, ManyWritersAddExactly) {
     if (i % 64 == 0) ctx.quiet();
   }
   ctx.quiet();
-  EXPECT_EQ(ctx.wait_until(sig.data(), Cmp::ge, kAdds * n), kAdds * n);
+  EXPECT_EQ(ctx.wait_until(sig.data(), Cmp::ge, adds * n), adds * n);
   ctx.barrier();
-  EXPECT_EQ(ctx.signal_fetch(sig.data()), kAdds * n) << "an add was lost or duplicated";
+  EXPECT_EQ(ctx.signal_fetch(sig.data()), adds * n) << "an add was lost or duplicated";
   EXPECT_EQ(dummy[0], payload) << "the put_signal_nbi payload";
   ctx.finalize();
 }
@@ -268,9 +279,9 @@ TEST(Signal, MonotonicEpochsWithoutReset) {
   Context ctx(MPI_COMM_WORLD, heap());
   const int me = ctx.rank(), n = ctx.size(), right = (me + 1) % n, left = (me + n - 1) % n;
   auto sig = ctx.alloc_signals(1);
-  constexpr std::uint64_t kRounds = 100000;
+  const std::uint64_t total = rounds(ctx, 100000, 20000);
   const int w[] = {left};
-  for (std::uint64_t round = 1; round <= kRounds; ++round) {
+  for (std::uint64_t round = 1; round <= total; ++round) {
     ctx.signal_op(sig.data(), 1, SignalOp::add, right);
     const std::uint64_t v = ctx.wait_until(sig.data(), Cmp::ge, round, {.writers = w});
     // Each rank is at most one round ahead of its left neighbour, so the left neighbour is at most

@@ -32,8 +32,11 @@ int main(int argc, char** argv) {
       fprintf(stderr, "rank %d: MPI_Abort on purpose\n", rank);
       MPI_Abort(MPI_COMM_WORLD, 4);
     }
-    if (strcmp(argv[i], "--hang") == 0)
+    if (strcmp(argv[i], "--hang") == 0) {
+      printf("rank %d/%d hanging\n", rank, size);  // selftest.sh waits for rank 1's line before it signals
+      fflush(stdout);
       for (;;) sleep(1);
+    }
   }
 
   char name[MPI_MAX_PROCESSOR_NAME];
