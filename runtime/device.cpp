@@ -43,15 +43,37 @@ namespace detail {
 //   inbox[r][k]   chunks from origin r          outbox[r][k]  chunks to target r, copied out of the device
 //   arrived[r][k] count of chunks origin r put into inbox[r][k] (its signal word; put_signal, add 1)
 //   credit[r][k]  count of chunks target r drained from its inbox slot k (target r's signal_op, add 1)
+//   request[r][j] get requests from rank r (kRequests per pair, a ring)
+//   requested[r]  count of get requests rank r put into request[r] (its signal word; put_signal, add 1)
 // The origin's put returns when every chunk has landed in the target's GPU heap (every credit back) or, for
 // put_nbi, at once, completing at quiet()/flush(); the target drains its inbox when it calls into ubep (waits,
 // test*, progress(), quiet(), collectives), so a target that computes holds its origin's chunks back.
+// A get is the same protocol the other way: the requester puts a request (source offset in the server's GPU
+// heap, bytes, destination address in the requester's memory, sequence number) into the server's ring; the
+// server, when it calls into ubep, queues a transfer from its GPU heap to that address, its header's `dest`
+// marked kAbsolute (an address of the target's, not an offset in its GPU heap) and its `signal` the sequence
+// number; the get completes when that transfer has landed. At most kRequests gets per pair are outstanding: a
+// reply landed means the server has read its request, so the ring entry is free again.
 
 namespace {
 
 constexpr int kSlots = 2;
 constexpr std::size_t kHeader = 64;
 static_assert(sizeof(staging::ChunkHeader) <= kHeader);
+constexpr int kRequests = 4;
+/// A destination with this bit is an address in the target's own memory (a get's reply), else an offset in its
+/// GPU heap. User-space addresses are below 2^57 on every 64-bit platform CUDA runs on.
+constexpr std::uint64_t kAbsolute = std::uint64_t{1} << 63;
+
+/// A get request, as it travels (one put into the server's ring).
+struct GetRequest {
+  std::uint64_t src = 0;    ///< offset in the server's GPU heap
+  std::uint64_t bytes = 0;  ///< to send
+  std::uint64_t dest = 0;   ///< address in the requester's memory (host or GPU)
+  std::uint64_t seq = 0;    ///< per (requester, server) pair: 1, 2, ...
+};
+constexpr std::size_t kRequestBytes = 32;
+static_assert(sizeof(GetRequest) == kRequestBytes);
 
 }  // namespace
 
@@ -68,8 +90,9 @@ struct StagedRoute {
       return ++next;
     }
     Ticket to_device(void* device, const void* host, std::size_t bytes) override {
-      s.device->heap->copy_async(device_base + reinterpret_cast<std::uintptr_t>(device), host, bytes,
-                                 s.prefix("GPU staging"));
+      const auto addr = reinterpret_cast<std::uintptr_t>(device);
+      char* to = (addr & kAbsolute) ? reinterpret_cast<char*>(addr & ~kAbsolute) : device_base + addr;
+      s.device->heap->copy_async(to, host, bytes, s.prefix("GPU staging"));
       return ++next;
     }
     bool done(Ticket) override {
@@ -104,6 +127,8 @@ struct StagedRoute {
     std::unique_ptr<staging::Origin> origin;
     std::unique_ptr<staging::Target> target;
     std::vector<std::uint64_t> arrived_seen = std::vector<std::uint64_t>(kSlots, 0);
+    std::uint64_t gets_sent = 0, gets_landed = 0;  // this rank's gets from the peer
+    std::uint64_t requests_seen = 0;               // the peer's gets served by this rank
   };
 
   State& s;
@@ -134,11 +159,14 @@ struct StagedRoute {
       p.target = std::make_unique<staging::Target>(
           config, target_engine, std::move(in_slots),
           [this, pe](int k) { s.signal_checked(credit(s.rank, k), 1, SignalOp::add, pe); },
-          [](const staging::ChunkHeader&) {});  // put_signal sends its signal after the transfer
+          [this, pe](const staging::ChunkHeader& h) {             // put_signal sends its signal after the transfer; a
+            if (h.signal != 0) peers[pe].gets_landed = h.signal;  // get reply completes its get (in order)
+          });
     }
   }
   static std::size_t region_bytes(std::size_t ranks, std::size_t chunk_bytes) {
-    return ranks * kSlots * (2 * (kHeader + chunk_bytes) + 2 * sizeof(std::uint64_t));
+    return ranks * (kSlots * (2 * (kHeader + chunk_bytes) + 2 * sizeof(std::uint64_t)) + kRequests * kRequestBytes +
+                    sizeof(std::uint64_t));
   }
   std::size_t inbox(int r, int k) const { return region + (static_cast<std::size_t>(r) * kSlots + k) * slot_bytes; }
   std::size_t outbox(int r, int k) const { return inbox(r, k) + n * kSlots * slot_bytes; }
@@ -146,6 +174,12 @@ struct StagedRoute {
     return region + 2 * n * kSlots * slot_bytes + (static_cast<std::size_t>(r) * kSlots + k) * 8;
   }
   std::size_t credit(int r, int k) const { return arrived(r, k) + n * kSlots * 8; }
+  std::size_t request(int r, int j) const {
+    return credit(0, 0) + n * kSlots * 8 + (static_cast<std::size_t>(r) * kRequests + j) * kRequestBytes;
+  }
+  std::size_t requested(int r) const {
+    return request(0, 0) + n * kRequests * kRequestBytes + static_cast<std::size_t>(r) * 8;
+  }
   std::uint64_t word(std::size_t off) const {
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(s.base + off))
         .load(std::memory_order_acquire);
@@ -167,14 +201,37 @@ struct StagedRoute {
           moved = true;
         }
       }
+      for (const std::uint64_t asked = word(requested(pe)); p.requests_seen < asked;) {
+        GetRequest q;
+        std::memcpy(&q, s.base + request(pe, static_cast<int>(p.requests_seen % kRequests)), sizeof q);
+        ++p.requests_seen;
+        if (q.seq != p.requests_seen || q.src > s.device_size || q.bytes > s.device_size - q.src ||
+            (q.dest & kAbsolute)) {
+          s.fail(Errc::internal, "GPU staging",
+                 "get request " + std::to_string(p.requests_seen) + " from rank " + std::to_string(pe) +
+                     " is malformed: sequence " + std::to_string(q.seq) + ", " + std::to_string(q.bytes) +
+                     " bytes at GPU-heap offset " + std::to_string(q.src));
+        }
+        p.origin->put(s.device_base + q.src, q.dest | kAbsolute, q.bytes, q.seq);
+        moved = true;
+      }
       moved = p.target->progress() | moved;
       moved = p.origin->progress() | moved;
     }
     return moved;
   }
+  /// Posts get `q` (its seq the next of the pair) to pe; the caller has checked that a ring entry is free.
+  void request_get(GetRequest q, int pe) {
+    Peer& p = peers[pe];
+    q.seq = ++p.gets_sent;
+    // Blocking: q lives on the stack; the request is visible at pe before its count (put, then the signal)
+    s.put_signal_checked(request(s.rank, static_cast<int>((q.seq - 1) % kRequests)), &q, sizeof q, requested(s.rank), 1,
+                         SignalOp::add, pe, true);
+  }
+  bool ring_full(int pe) const { return peers[pe].gets_sent - peers[pe].gets_landed >= kRequests; }
   bool idle() const {
     for (const Peer& p : peers) {
-      if (p.origin && !p.origin->idle()) return false;
+      if (p.origin && (!p.origin->idle() || p.gets_landed != p.gets_sent)) return false;
     }
     return true;
   }
@@ -183,6 +240,11 @@ struct StagedRoute {
     for (int pe = 0; pe < s.size; ++pe) {
       const Peer& p = peers[pe];
       if (p.origin && !p.origin->idle()) out += "\n  to rank " + std::to_string(pe) + ": " + p.origin->pending();
+      if (p.origin && p.gets_landed != p.gets_sent) {
+        out += "\n  from rank " + std::to_string(pe) + ": gets " + std::to_string(p.gets_landed + 1) + ".." +
+               std::to_string(p.gets_sent) + " awaiting their data (rank " + std::to_string(pe) +
+               " sends it when it calls into ubep)";
+      }
     }
     return out;
   }
@@ -391,65 +453,64 @@ void State::progress_staged() {
   if (staged->progress()) flush_pending_signals();  // credits on the mpi route go out now, not at the next call
 }
 
+namespace {
+
+/// Drives the staged route (and serves this rank's peers meanwhile) until done(), at most UBEP_WAIT_TIMEOUT: the
+/// peers must progress too (they do in every ubep call).
+template <class Done>
+void drive_staged(State& s, const char* call, Done done) {
+  const auto start = std::chrono::steady_clock::now();
+  const double timeout = s.options.wait_timeout.count();
+  Backoff backoff(s.options.poll);
+  while (!done()) {
+    if (s.staged->progress()) {
+      s.flush_pending_signals();
+      continue;
+    }
+    if (s.ucx) s.ucx->poll();
+    if (backoff.pause()) {
+      if (s.mpi) {
+        s.mpi->progress(s.comm);
+      } else {  // MPI's progress all the same: a target may be inside an MPI call of another context that
+                // completes only with this process's MPI progress (osc ucx accumulates), before it drains ours
+        int flag = 0;
+        UBEP_MPI_CHECK(s.rank, call, MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s.comm, &flag, MPI_STATUS_IGNORE));
+      }
+    }
+    if (timeout > 0 && (backoff.polls() & 15) == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
+      s.fail(Errc::timeout, call,
+             "waited " + std::to_string(timeout) +
+                 " s (UBEP_WAIT_TIMEOUT) for the staged GPU transfers to other nodes; a peer drains and serves them "
+                 "only when it calls into ubep. Still pending:" +
+                 s.staged->pending());
+    }
+  }
+}
+
+}  // namespace
+
 void State::synchronize_device(const char* call) {
   device->heap->synchronize(prefix(call));
   if (device->window_route && device->window_route->outstanding()) device->window_route->flush_all();
-  if (staged && !staged->idle()) {
-    // Every chunk of this rank's staged transfers on a target's GPU: the targets must progress (they do in
-    // every ubep call); this rank drives its own side and serves its peers meanwhile.
-    const auto start = std::chrono::steady_clock::now();
-    const double timeout = options.wait_timeout.count();
-    Backoff backoff(options.poll);
-    while (!staged->idle()) {
-      if (staged->progress()) {
-        flush_pending_signals();
-        continue;
-      }
-      if (ucx) ucx->poll();
-      if (backoff.pause()) {
-        if (mpi) {
-          mpi->progress(comm);
-        } else {  // MPI's progress all the same: a target may be inside an MPI call of another context that
-                  // completes only with this process's MPI progress (osc ucx accumulates), before it drains ours
-          int flag = 0;
-          UBEP_MPI_CHECK(rank, call, MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE));
-        }
-      }
-      if (timeout > 0 && (backoff.polls() & 15) == 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
-        fail(Errc::timeout, call,
-             "waited " + std::to_string(timeout) +
-                 " s (UBEP_WAIT_TIMEOUT) for the staged GPU transfers to other nodes; a target drains them only "
-                 "when it calls into ubep. Still pending:" +
-                 staged->pending());
-      }
-    }
-  }
+  if (staged && !staged->idle()) drive_staged(*this, call, [this] { return staged->idle(); });
   device_pending = false;
 }
 
 namespace {
 
-/// The offset of [addr, addr + bytes) in the GPU heap and pe's heap as mapped here (null: another node,
-/// reached by the staged route, or refused when `staged_ok` is false); throws naming the call.
-std::pair<std::size_t, char*> device_target(State& s, const char* call, const void* addr, std::size_t bytes, int pe,
-                                            bool staged_ok) {
+/// The offset of [addr, addr + bytes) in the GPU heap and pe's heap as mapped here (null: another node, reached
+/// by the window or the staged route); throws naming the call.
+std::pair<std::size_t, char*> device_target(State& s, const char* call, const void* addr, std::size_t bytes, int pe) {
   const std::size_t off = check_heap_range(s, call, addr, bytes, s.device_base, s.device_size, s.device->alloc,
                                            "symmetric GPU heap", "pass a pointer into an object from alloc_device");
-  char* peer = s.device->peer[pe];
-  if (peer == nullptr && !staged_ok && !s.device->window_route) {
-    s.fail(Errc::unsupported, call,
-           "rank " + std::to_string(pe) + " is on another node (route " + to_string(s.routes[pe]) +
-               "): its GPU heap is reached by the staged route, which carries puts only: let rank " +
-               std::to_string(pe) + " put the data, or move it through host memory (Context::alloc)");
-  }
-  return {off, peer};
+  return {off, s.device->peer[pe]};
 }
 
 }  // namespace
 
 void State::device_put(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
-  const auto [off, peer] = device_target(*this, call, dest, bytes, pe, true);
+  const auto [off, peer] = device_target(*this, call, dest, bytes, pe);
   if (peer != nullptr) {
     device->heap->copy_async(peer + off, src, bytes, prefix(call));
   } else if (device->window_route) {  // complete at synchronize_device's flush (below, or at quiet())
@@ -463,9 +524,13 @@ void State::device_put(const char* call, void* dest, const void* src, std::size_
 }
 
 void State::device_get(const char* call, void* dest, const void* src, std::size_t bytes, int pe, bool complete) {
-  const auto [off, peer] = device_target(*this, call, src, bytes, pe, false);
+  const auto [off, peer] = device_target(*this, call, src, bytes, pe);
   if (peer != nullptr) {
     device->heap->copy_async(dest, peer + off, bytes, prefix(call));
+  } else if (!device->window_route) {  // the staged route: pe sends the data when it calls into ubep
+    if (staged->ring_full(pe)) drive_staged(*this, call, [&] { return !staged->ring_full(pe); });
+    staged->request_get(GetRequest{off, bytes, reinterpret_cast<std::uintptr_t>(dest), 0}, pe);
+    progress_staged();
   } else if (complete) {
     device->window_route->get(dest, off, bytes, pe);  // dest holds the data on return
   } else {
@@ -547,7 +612,7 @@ std::string gpu_path(const State& s, int pe) {
   }
   return std::string("staged: another node, device -> host -> route ") + to_string(s.routes[pe]) +
          " -> host -> device in chunks of UBEP_GPU_STAGING_CHUNK=" + std::to_string(s.options.gpu_staging_chunk) +
-         " (puts only)";
+         " (a get asks the peer to send)";
 }
 
 }  // namespace detail

@@ -52,14 +52,17 @@
 ///       rank's MPI is CUDA-aware, or forced with 1): MPI_Put/MPI_Get on that window with the mpi route's notes
 ///       (put_nbi/get_nbi issue only), and put, get, put_signal and put_signal_nbi complete it (MPI_Win_flush)
 ///       before they return; pe's MPI completes it while pe runs MPI or ubep code, at most UBEP_WAIT_TIMEOUT;
-///     - pe on another node otherwise: puts only (gets throw Errc::unsupported), through the staged route: chunks of
-///       UBEP_GPU_STAGING_CHUNK, device -> host -> pe's host route -> host -> device, at most 2 in flight per
-///       pair, each acknowledged by pe once it is on pe's device. put, put_signal and put_signal_nbi return
-///       when every chunk is acknowledged (local and remote completion), put_nbi at once (`src` unchanged
-///       until the next quiet() or flush(), which wait for the acknowledgements). pe acknowledges only while
-///       it runs ubep code (waits, test*, progress(), quiet(), collectives); these calls block at most
-///       UBEP_WAIT_TIMEOUT, then throw Errc::timeout naming every pending chunk; the transfer goes on and a
-///       later quiet() completes it;
+///     - pe on another node otherwise: the staged route: chunks of UBEP_GPU_STAGING_CHUNK, device -> host ->
+///       pe's host route -> host -> device, at most 2 in flight per pair, each acknowledged by pe once it is on
+///       pe's device. put, put_signal and put_signal_nbi return when every chunk is acknowledged (local and
+///       remote completion), put_nbi at once (`src` unchanged until the next quiet() or flush(), which wait for
+///       the acknowledgements). A get sends pe a request, and pe sends the data back the same way, straight into
+///       `dest` (host or GPU memory): get returns with the data in `dest`, get_nbi at once (at most 4 per pair
+///       outstanding: a fifth first waits for the oldest), completing at the next quiet() or flush(); pe reads
+///       its GPU heap when it serves the request. pe acknowledges and serves only while it runs ubep code
+///       (waits, test*, progress(), quiet(), collectives); these calls block at most UBEP_WAIT_TIMEOUT, then
+///       throw Errc::timeout naming every pending chunk and get; the transfer goes on and a later quiet()
+///       completes it;
 ///     - fence(), flush(), quiet(), signal_op and every put_signal first complete this rank's earlier device
 ///       copies and staged transfers, so a signal never overtakes GPU-heap data issued before it.
 ///  - "at most UBEP_WAIT_TIMEOUT": the call throws Errc::timeout when its deadline passes, as below.
@@ -221,8 +224,8 @@ class Context {
   /// maps the heaps of this rank's node peers (CUDA IPC); every later call hands out objects in it. put, get,
   /// put_nbi, get_nbi, put_signal, put_signal_nbi and ptr() accept pointers into it for this rank and the
   /// ranks of its node (node_ranks(), whatever route() says for host memory; CUDA IPC), and for ranks of
-  /// other nodes puts and gets through an MPI window over the GPU heap where MPI is CUDA-aware
-  /// (UBEP_GPU_MPI_WINDOW), else puts only (the staged route: "GPU heap" above); atomics and signal words in it
+  /// other nodes through an MPI window over the GPU heap where MPI is CUDA-aware (UBEP_GPU_MPI_WINDOW), else
+  /// through the staged route ("GPU heap" above); atomics and signal words in it
   /// get Errc::not_symmetric (they live in the host heap: alloc, alloc_signals). When the job spans nodes, the
   /// first call also creates that window (collective), or takes the staged route's buffers from the host heap (4
   /// UBEP_GPU_STAGING_CHUNK per rank of the job). Throws, on every rank together: Errc::unsupported when some rank has

@@ -60,8 +60,8 @@ struct Options {
   /// Rounded up to the device's allocation granularity (2 MiB on current GPUs). Default 1G.
   std::size_t gpu_heap_size = std::size_t{1} << 30;
   /// UBEP_GPU_STAGING_CHUNK (collective): bytes per chunk of the staged route that carries GPU-heap data to
-  /// peers on other nodes (device -> host -> the host route -> host -> device, 2 chunks in flight per pair of
-  /// ranks). Its buffers come out of the host heap: 4 chunks per rank of the job, on every rank, when the job
+  /// and from peers on other nodes (device -> host -> the host route -> host -> device, 2 chunks in flight per
+  /// pair of ranks). Its buffers come out of the host heap: 4 chunks per rank of the job, on every rank, when the job
   /// spans more than one node (256 KiB per rank at the default). Suffixes K, M, G. Default 64K.
   std::size_t gpu_staging_chunk = std::size_t{64} << 10;
   /// UBEP_GPU_EMULATE (collective, testing): 1 makes the GPU heap shared host memory standing in for device

@@ -7,7 +7,8 @@
 //    the nbi calls + quiet, put_signal GPU to GPU and ptr() between the ranks of a node (2 processes on one GPU
 //    share it through CUDA IPC), data checked outside ubep (cudaMemcpy, memcpy); argument errors on GPU
 //    addresses; free, reuse, a host/GPU free mismatch and OutOfHeap; puts to every rank of the other (emulated)
-//    nodes through the staged route, from host and from GPU memory, many chunks each, gets there refused;
+//    nodes through the staged route, from host and from GPU memory, many chunks each, and gets from them into host
+//    and GPU memory, more in flight than the route's ring of requests holds; a deadline for both;
 //    Context::copy between host memory and the GPU heap.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -145,6 +146,35 @@ void puts_to_far_ranks(Context& ctx, std::uint32_t* buf, std::uint64_t* sig, std
     copy(back.data(), buf + static_cast<std::size_t>(from) * n, n * 4);
     EXPECT_EQ(back, values(from, n, salt + 1)) << "put_nbi from rank " << from << " to rank " << me;
   }
+}
+
+/// This rank gets every far rank's own part of `buf` (what puts_to_far_ranks left there with salt - 1): get into
+/// host memory (complete on return), get_nbi into host memory and into `scratch` (n words of this rank's GPU heap)
+/// completed by quiet(), and the part in 6 slices by get_nbi, more gets in flight to one rank than the staged
+/// route's ring of requests holds. `copy` reads the GPU heap outside ubep.
+template <class Copy>
+void gets_from_far_ranks(Context& ctx, const std::uint32_t* buf, std::uint32_t* scratch, std::size_t n,
+                         const std::vector<int>& far, unsigned salt, Copy copy) {
+  const int me = ctx.rank();
+  for (int pe : far) {
+    const std::uint32_t* theirs = buf + static_cast<std::size_t>(pe) * n;
+    const std::vector<std::uint32_t> want = values(pe, n, salt);
+    std::vector<std::uint32_t> back(n, 0), later(n, 0), sliced(n, 0);
+    ctx.get(back.data(), theirs, n * 4, pe);
+    EXPECT_EQ(back, want) << "get by rank " << me << " from rank " << pe;
+    ctx.get_nbi(later.data(), theirs, n * 4, pe);
+    ctx.get_nbi(scratch, theirs, n * 4, pe);
+    const std::size_t slice = (n + 5) / 6;
+    for (std::size_t at = 0; at < n; at += slice)
+      ctx.get_nbi(sliced.data() + at, theirs + at, std::min(slice, n - at) * 4, pe);
+    ctx.quiet();
+    EXPECT_EQ(later, want) << "get_nbi by rank " << me << " from rank " << pe;
+    EXPECT_EQ(sliced, want) << "6 get_nbi slices by rank " << me << " from rank " << pe;
+    copy(back.data(), scratch, n * 4);
+    EXPECT_EQ(back, want) << "get_nbi into the GPU heap by rank " << me << " from rank " << pe;
+    EXPECT_EQ(ctx.ptr(theirs, 4, pe), nullptr);
+  }
+  ctx.barrier();  // no rank leaves while a peer still needs it to serve its gets
 }
 
 /// The emulated GPU heap with the window route forced (UBEP_GPU_MPI_WINDOW=1).
@@ -288,32 +318,25 @@ TEST_P(GpuHeapCalls, CopyMovesBetweenAnyMemories) {
   test::expect_error(Errc::finalized, [&] { ctx.copy(back.data(), want.data(), 4); }, {"copy"});
 }
 
-TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsToOtherNodes) {
+TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsAndGetsToOtherNodes) {
   Options o = options(16u << 20);
   o.gpu_staging_chunk = 64u << 10;
   o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
   Context ctx(MPI_COMM_WORLD, o);
-  const int me = ctx.rank(), p = ctx.size();
+  const int p = ctx.size();
   constexpr std::size_t kN = 100000;  // 400000 bytes: 6 chunks and a part, more than the 2 slots in flight
   auto buf = ctx.alloc_device<std::uint32_t>(kN * static_cast<std::size_t>(p));  // part r: what rank r sends
+  auto scratch = ctx.alloc_device<std::uint32_t>(kN);
   auto sig = ctx.alloc_signals(static_cast<std::size_t>(p));
   const std::vector<int> far = far_ranks(ctx);
   const RuntimeInfo info = ctx.info();
   for (int pe : far) EXPECT_EQ(info.gpu_peers[pe].rfind("staged: another node", 0), 0u) << info.gpu_peers[pe];
-  std::uint32_t* part = buf.data() + static_cast<std::size_t>(me) * kN;
+  const auto raw = [&](void* d, const void* src, std::size_t b) { copy_raw(d, src, b); };
   // Every rank to every rank of the other nodes at once: each serves the others' chunks while it waits for its
   // own credits; put_nbi from the GPU heap goes device -> host -> wire -> host -> device.
-  puts_to_far_ranks(ctx, buf.data(), sig.data(), kN, far, 3,
-                    [&](void* d, const void* src, std::size_t b) { copy_raw(d, src, b); });
-  // Gets reach only this node; ptr() has no mapping of another node's heap.
-  std::uint32_t one = 0;
-  for (int pe : far) {
-    test::expect_error(Errc::unsupported, [&] { ctx.get(&one, part, 4, pe); },
-                       {"rank " + std::to_string(me) + ": get: ", "is on another node", "carries puts only"});
-    test::expect_error(Errc::unsupported, [&] { ctx.get_nbi(&one, part, 4, pe); }, {"get_nbi: "});
-    EXPECT_EQ(ctx.ptr(part, 4, pe), nullptr);
-  }
-  ctx.barrier();
+  puts_to_far_ranks(ctx, buf.data(), sig.data(), kN, far, 3, raw);
+  // Gets the other way, every rank from every far rank at once: each serves the others' requests while it waits.
+  gets_from_far_ranks(ctx, buf.data(), scratch.data(), kN, far, 4, raw);
   ctx.finalize();
 }
 
@@ -322,7 +345,7 @@ TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsToOtherNodes) {
 // memory standing in for the GPU's).
 TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
   Context ctx(MPI_COMM_WORLD, window_options());
-  const int me = ctx.rank(), p = ctx.size();
+  const int p = ctx.size();
   const std::vector<int> far = far_ranks(ctx);
   if (far.empty()) {
     ctx.finalize();
@@ -335,29 +358,15 @@ TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
   }
   constexpr std::size_t kN = 100000;
   auto buf = ctx.alloc_device<std::uint32_t>(kN * static_cast<std::size_t>(p));  // part r: what rank r sends
+  auto scratch = ctx.alloc_device<std::uint32_t>(kN);
   auto sig = ctx.alloc_signals(static_cast<std::size_t>(p));
   for (int pe : far) {
     const std::string path = ctx.info().gpu_peers[pe];
     EXPECT_EQ(path, "MPI window: another node, MPI_Put/MPI_Get on a window over the GPU heap (UBEP_GPU_MPI_WINDOW=1)");
   }
-  std::uint32_t* part = buf.data() + static_cast<std::size_t>(me) * kN;
-  puts_to_far_ranks(ctx, buf.data(), sig.data(), kN, far, 7, [](void* d, const void* src, std::size_t b) {
-    std::memcpy(d, src, b);  // the emulated heap is host memory
-  });
-  std::vector<std::uint32_t> back(kN);
-  // get (complete on return) and get_nbi + quiet() of each far rank's own part, from its GPU heap.
-  for (int pe : far) {
-    std::uint32_t* theirs = buf.data() + static_cast<std::size_t>(pe) * kN;
-    std::fill(back.begin(), back.end(), 0u);
-    ctx.get(back.data(), theirs, kN * 4, pe);
-    EXPECT_EQ(back, values(pe, kN, 8)) << "get by rank " << me << " from rank " << pe;
-    std::vector<std::uint32_t> later(kN, 0);
-    ctx.get_nbi(later.data(), theirs, kN * 4, pe);
-    ctx.quiet();
-    EXPECT_EQ(later, values(pe, kN, 8)) << "get_nbi by rank " << me << " from rank " << pe;
-    EXPECT_EQ(ctx.ptr(part, 4, pe), nullptr);
-  }
-  ctx.barrier();
+  const auto host = [](void* d, const void* src, std::size_t b) { std::memcpy(d, src, b); };  // emulated: host
+  puts_to_far_ranks(ctx, buf.data(), sig.data(), kN, far, 7, host);
+  gets_from_far_ranks(ctx, buf.data(), scratch.data(), kN, far, 8, host);
   ctx.finalize();
 }
 
@@ -399,7 +408,7 @@ TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
   ctx.finalize();
 }
 
-TEST_P(GpuHeapCalls, AStagedPutToATargetOutsideUbepEndsAtTheDeadline) {
+TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
   Options o = options(16u << 20);
   o.gpu_staging_chunk = 64u << 10;
   o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
@@ -429,6 +438,17 @@ TEST_P(GpuHeapCalls, AStagedPutToATargetOutsideUbepEndsAtTheDeadline) {
     copy_raw(back.data(), buf.data(), kN * 4);
     EXPECT_EQ(back, data);
   }
+  // A get from a target outside ubep: nobody serves the request until the deadline; quiet() completes it later.
+  std::vector<std::uint32_t> got(kN, 0);
+  if (ctx.rank() == 0) {
+    test::expect_error(Errc::timeout, [&] { ctx.get(got.data(), buf.data(), kN * 4, target); },
+                       {"rank 0: get: ", "UBEP_WAIT_TIMEOUT",
+                        "from rank " + std::to_string(target) + ": gets 1..1 awaiting their data"});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ctx.quiet();
+  ctx.barrier();
+  if (ctx.rank() == 0) EXPECT_EQ(got, data) << "the get that timed out, completed by quiet()";
   ctx.finalize();
 }
 
