@@ -134,6 +134,7 @@ void State::teardown() noexcept {
   stop_progress_thread();
   gpu_streams.reset();  // CUDA's registrations of the heaps go before the windows that hold them
   staged = nullptr;
+  thread_staged = nullptr;
   device_window = nullptr;
   if (device) device->close_window();  // collective, like the windows below
   device.reset();  // the GPU heaps: this rank's and the node peers' mappings, the staged route (device.cpp)
@@ -498,7 +499,8 @@ void build(State& s, MPI_Comm user_comm) {
       while (!s.progress_stop.load(std::memory_order_relaxed)) {
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s.progress_comm, &flag, MPI_STATUS_IGNORE);
-        if (s.ucx) s.ucx->poll();  // messages aimed at this rank land while it computes (thread-safe)
+        if (s.ucx) s.ucx->poll();    // messages aimed at this rank land while it computes (thread-safe)
+        s.thread_progress_staged();  // staged GPU chunks land, credits and get replies go out
         std::this_thread::sleep_for(interval);
       }
     });

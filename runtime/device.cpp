@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,11 @@ struct StagedRoute {
 
   State& s;
   std::size_t region = 0, chunk = 0, slot_bytes = 0, n = 0;
+  // The caller's thread and, when `threaded`, the progress thread share everything below (the mutex); the
+  // thread keeps its error for the caller's thread.
+  std::mutex mu;
+  bool threaded = false;
+  std::exception_ptr thread_error;
   Engine origin_engine, target_engine;
   std::vector<Peer> peers;  // per world rank; empty members for the ranks of this node
 
@@ -185,9 +191,45 @@ struct StagedRoute {
         .load(std::memory_order_acquire);
   }
 
-  /// One pass over every peer: arrived chunks handed to their Target, copies finished, credits returned,
-  /// queued chunks started. True when something moved.
+  /// One pass over every peer: arrived chunks handed to their Target, get requests served, copies finished,
+  /// credits returned, queued chunks started. True when something moved. Throws what the progress thread met.
   bool progress() {
+    std::lock_guard lock(mu);
+    if (thread_error) {
+      threaded = false;  // the thread's steps end here; this thread goes on alone after reporting the error
+      std::rethrow_exception(std::exchange(thread_error, nullptr));
+    }
+    return step();
+  }
+  /// The progress thread's pass: none while the caller's thread is in the route (it progresses it then).
+  void thread_progress() noexcept {
+    std::unique_lock lock(mu, std::try_to_lock);
+    if (!lock || !threaded || thread_error) return;
+    try {
+      (void)step();
+    } catch (...) {
+      thread_error = std::current_exception();
+    }
+  }
+  /// Queues a put of `bytes` from `src` to GPU-heap offset `off` of pe.
+  void put(int pe, const void* src, std::uint64_t off, std::uint64_t bytes) {
+    std::lock_guard lock(mu);
+    peers[pe].origin->put(src, off, bytes, 0);
+  }
+  /// The ranks of other nodes are all on the ucx route (data and signals): the only host route whose transport
+  /// is thread-safe (with UBEP_PROGRESS_THREAD=1), so the progress thread may drive this route too.
+  bool ucx_only() const {
+    for (int pe = 0; pe < s.size; ++pe) {
+      if (peers[pe].origin &&
+          (s.ucx == nullptr || &s.data_route(pe) != s.ucx.get() || &s.atomics_of(pe) != s.ucx.get())) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  bool step() {
     bool moved = false;
     for (int pe = 0; pe < s.size; ++pe) {
       Peer& p = peers[pe];
@@ -220,22 +262,30 @@ struct StagedRoute {
     }
     return moved;
   }
+
+ public:
   /// Posts get `q` (its seq the next of the pair) to pe; the caller has checked that a ring entry is free.
   void request_get(GetRequest q, int pe) {
+    std::lock_guard lock(mu);
     Peer& p = peers[pe];
     q.seq = ++p.gets_sent;
     // Blocking: q lives on the stack; the request is visible at pe before its count (put, then the signal)
     s.put_signal_checked(request(s.rank, static_cast<int>((q.seq - 1) % kRequests)), &q, sizeof q, requested(s.rank), 1,
                          SignalOp::add, pe, true);
   }
-  bool ring_full(int pe) const { return peers[pe].gets_sent - peers[pe].gets_landed >= kRequests; }
-  bool idle() const {
+  bool ring_full(int pe) {
+    std::lock_guard lock(mu);
+    return peers[pe].gets_sent - peers[pe].gets_landed >= kRequests;
+  }
+  bool idle() {
+    std::lock_guard lock(mu);
     for (const Peer& p : peers) {
       if (p.origin && (!p.origin->idle() || p.gets_landed != p.gets_sent)) return false;
     }
     return true;
   }
-  std::string pending() const {
+  std::string pending() {
+    std::lock_guard lock(mu);
     std::string out;
     for (int pe = 0; pe < s.size; ++pe) {
       const Peer& p = peers[pe];
@@ -426,6 +476,10 @@ void create(State& s, const char* call) {
     s.collective(what, CollKind::signals, {static_cast<std::int64_t>(bytes)}, {"bytes"});
     s.device->staged = std::make_unique<StagedRoute>(s, region, chunk);
     s.staged = s.device->staged.get();
+    if (s.options.progress_thread && s.staged->ucx_only()) {  // the same answer on every rank: routes are symmetric
+      s.staged->threaded = true;
+      s.thread_staged.store(s.staged, std::memory_order_release);
+    }
   } catch (...) {
     if (region != kNone) s.release(region);
     s.device_window = nullptr;
@@ -447,6 +501,10 @@ void DeviceMemory::close_window() noexcept {
     MPI_Win_unlock_all(window);
     MPI_Win_free(&window);
   }
+}
+
+void State::thread_progress_staged() noexcept {
+  if (StagedRoute* r = thread_staged.load(std::memory_order_acquire)) r->thread_progress();
 }
 
 void State::progress_staged() {
@@ -516,7 +574,7 @@ void State::device_put(const char* call, void* dest, const void* src, std::size_
   } else if (device->window_route) {  // complete at synchronize_device's flush (below, or at quiet())
     device->window_route->put_nbi(off, src, bytes, pe);
   } else {
-    staged->peers[pe].origin->put(src, off, bytes, 0);
+    staged->put(pe, src, off, bytes);
     progress_staged();  // the first chunks start now
   }
   device_pending = true;
@@ -612,7 +670,7 @@ std::string gpu_path(const State& s, int pe) {
   }
   return std::string("staged: another node, device -> host -> route ") + to_string(s.routes[pe]) +
          " -> host -> device in chunks of UBEP_GPU_STAGING_CHUNK=" + std::to_string(s.options.gpu_staging_chunk) +
-         " (a get asks the peer to send)";
+         " (a get asks the peer to send)" + (s.staged && s.staged->threaded ? "; the progress thread drives it" : "");
 }
 
 }  // namespace detail

@@ -121,6 +121,12 @@ class State {
   MpiRmaTransport* device_window = nullptr;  // device->window_route (UBEP_GPU_MPI_WINDOW), or null
   /// Moves the staged route on (arrivals, copies, credits): in every wait, progress() and collective.
   void progress_staged();
+  /// The staged route when the progress thread drives it too (UBEP_PROGRESS_THREAD=1 and every rank of other
+  /// nodes on the ucx route, whose transport is then thread-safe), else null; set once, at its creation.
+  std::atomic<StagedRoute*> thread_staged{nullptr};
+  /// The progress thread's step of the staged route (device.cpp): skipped while the caller's thread is in it;
+  /// an error is kept for the caller's thread, which throws it at its next step.
+  void thread_progress_staged() noexcept;
   /// True for an address in this rank's GPU heap (one subtraction and compare; false before it exists).
   bool device_holds(const void* p) const noexcept {
     return reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(device_base) < device_size;

@@ -60,9 +60,10 @@
 ///       `dest` (host or GPU memory): get returns with the data in `dest`, get_nbi at once (at most 4 per pair
 ///       outstanding: a fifth first waits for the oldest), completing at the next quiet() or flush(); pe reads
 ///       its GPU heap when it serves the request. pe acknowledges and serves only while it runs ubep code
-///       (waits, test*, progress(), quiet(), collectives); these calls block at most UBEP_WAIT_TIMEOUT, then
-///       throw Errc::timeout naming every pending chunk and get; the transfer goes on and a later quiet()
-///       completes it;
+///       (waits, test*, progress(), quiet(), collectives), or at any time from its progress thread
+///       (UBEP_PROGRESS_THREAD=1) where the ranks of other nodes are on the ucx route; these calls block at most
+///       UBEP_WAIT_TIMEOUT, then throw Errc::timeout naming every pending chunk and get; the transfer goes on and a
+///       later quiet() completes it;
 ///     - fence(), flush(), quiet(), signal_op and every put_signal first complete this rank's earlier device
 ///       copies and staged transfers, so a signal never overtakes GPU-heap data issued before it.
 ///  - "at most UBEP_WAIT_TIMEOUT": the call throws Errc::timeout when its deadline passes, as below.

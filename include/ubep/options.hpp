@@ -49,7 +49,8 @@ struct Options {
   /// target's progress and is slower than am: for testing). See README, "The ucx route".
   std::string ucx_mode = "auto";
   /// UBEP_PROGRESS_THREAD: 1 starts a thread that calls into MPI while the application computes, so
-  /// RMA aimed at this rank keeps completing. Needs MPI_THREAD_MULTIPLE. Default 0.
+  /// RMA aimed at this rank keeps completing; it also drives the UCX worker, and the staged GPU route where the
+  /// ranks of other nodes are on the ucx route. Needs MPI_THREAD_MULTIPLE. Default 0.
   bool progress_thread = false;
   /// UBEP_GPU: 1 initializes CUDA when a Context is created (ubep::gpu_status()), and every rank's
   /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.

@@ -111,6 +111,14 @@ std::vector<std::uint32_t> values(int rank, std::size_t n, unsigned salt) {
   return v;
 }
 
+/// Rank 0's first peer on another node, the same on every rank (each rank knows only its own node's ranks).
+int first_far_rank_of_rank0(const Context& ctx) {
+  int target = 0;
+  while (target < ctx.size() && on_node(ctx, target)) ++target;
+  EXPECT_EQ(MPI_Bcast(&target, 1, MPI_INT, 0, MPI_COMM_WORLD), MPI_SUCCESS);
+  return target;
+}
+
 /// The ranks of other nodes than this rank's.
 std::vector<int> far_ranks(const Context& ctx) {
   std::vector<int> far;
@@ -386,8 +394,7 @@ TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
   }
   constexpr std::size_t kN = 100000;
   auto buf = ctx.alloc_device<std::uint32_t>(kN);
-  int target = 0;
-  while (on_node(ctx, target)) ++target;  // rank 0's first peer on another node
+  const int target = first_far_rank_of_rank0(ctx);
   const std::vector<std::uint32_t> data = values(0, kN, 9);
   ctx.barrier();
   if (ctx.rank() == 0) {
@@ -420,8 +427,7 @@ TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
   }
   constexpr std::size_t kN = 100000;
   auto buf = ctx.alloc_device<std::uint32_t>(kN);
-  int target = 0;
-  while (on_node(ctx, target)) ++target;  // rank 0's first peer on another node
+  const int target = first_far_rank_of_rank0(ctx);
   const std::vector<std::uint32_t> data = values(0, kN, 5);
   if (ctx.rank() == 0) {
     // The target sits in a plain MPI_Barrier (outside ubep) until this rank joins it: no credit comes back.
@@ -449,6 +455,61 @@ TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
   ctx.quiet();
   ctx.barrier();
   if (ctx.rank() == 0) EXPECT_EQ(got, data) << "the get that timed out, completed by quiet()";
+  ctx.finalize();
+}
+
+// UBEP_PROGRESS_THREAD=1 on the staged route: where the ranks of other nodes are on the ucx route, the progress
+// thread drives the route, so rank 0's put to a rank of another node, and its get from there, complete while that
+// rank computes outside ubep and MPI (without the thread both end at the deadline: the test above). The target
+// watches a signal word with plain atomic loads until rank 0, done, adds 1 to it; then it checks its GPU heap. Over
+// the mpi route the thread leaves the route to the ranks' own ubep calls, and info() says which it is.
+TEST_P(GpuHeapCalls, TheProgressThreadDrivesTheStagedRouteWhileTheTargetComputes) {
+  Options o = options(16u << 20);
+  o.gpu_staging_chunk = 64u << 10;
+  o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
+  o.progress_thread = true;
+  o.wait_timeout = std::chrono::seconds(30);
+  Context ctx(MPI_COMM_WORLD, o);
+  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
+    ctx.finalize();
+    GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
+  }
+  constexpr std::size_t kN = 100000;  // 400000 bytes: 7 chunks through 2 slots, so credits must come back
+  auto buf = ctx.alloc_device<std::uint32_t>(2 * kN);  // [0, kN): rank 0's put; [kN, 2 kN): for its get
+  auto done = ctx.alloc_signals(1);
+  const int target = first_far_rank_of_rank0(ctx);
+  bool ucx = true;
+  for (int pe = 0; pe < ctx.size(); ++pe) ucx = ucx && (on_node(ctx, pe) || ctx.route(pe) == Route::ucx);
+  const std::string path = ctx.info().gpu_peers[far_ranks(ctx).front()];
+  const bool driven = path.find("the progress thread drives it") != std::string::npos;
+  EXPECT_EQ(driven, ucx) << "rank " << ctx.rank() << ": " << path;
+  if (!ucx) {  // every rank sees the same routes to other nodes
+    ctx.finalize();
+    return;
+  }
+  const std::vector<std::uint32_t> data = values(0, kN, 11), theirs = values(target, kN, 12);
+  if (ctx.rank() == target) copy_raw(buf.data() + kN, theirs.data(), kN * 4);
+  ctx.barrier();
+  if (ctx.rank() == 0) {
+    ctx.put(buf.data(), data.data(), kN * 4, target);  // returns when every chunk is on the target's GPU heap
+    std::vector<std::uint32_t> got(kN, 0);
+    ctx.get(got.data(), buf.data() + kN, kN * 4, target);  // served by the target's progress thread
+    EXPECT_EQ(got, theirs) << "rank 0's get from rank " << target << ", which computed meanwhile";
+    ctx.signal_op(done.data(), 1, SignalOp::add, target);
+  } else if (ctx.rank() == target) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::uint64_t seen = 0;
+    while (seen == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "computing": no MPI, no ubep
+      seen = std::atomic_ref<std::uint64_t>(done[0]).load(std::memory_order_acquire);
+    }
+    EXPECT_EQ(seen, 1u) << "rank " << target << ": rank 0's calls did not complete within 30 s while this rank "
+                        << "computed";
+    std::vector<std::uint32_t> back(kN);
+    copy_raw(back.data(), buf.data(), kN * 4);
+    EXPECT_EQ(back, data) << "rank 0's put to rank " << target;
+  }
+  ctx.barrier();
   ctx.finalize();
 }
 
