@@ -102,7 +102,22 @@ using test::Heap;
 class GpuHeapCalls : public test::GpuHeapFixture {
  protected:
   Options options(std::size_t gpu_heap_bytes) const { return with_gpu_heap(test::with_heap(4u << 20), gpu_heap_bytes); }
+  /// The staged route to other nodes even where MPI is CUDA-aware, in chunks of 64 KiB.
+  Options staged_options() const {
+    Options o = options(16u << 20);
+    o.gpu_staging_chunk = 64u << 10;
+    o.gpu_mpi_window = "0";
+    return o;
+  }
 };
+
+/// True, after finalizing ctx, when every rank is on one node (the same answer on every rank): the tests of other
+/// nodes skip then.
+bool one_node(Context& ctx) {
+  if (static_cast<int>(ctx.node_ranks().size()) != ctx.size()) return false;
+  ctx.finalize();
+  return true;
+}
 
 std::vector<std::uint32_t> values(int rank, std::size_t n, unsigned salt) {
   std::vector<std::uint32_t> v(n);
@@ -327,9 +342,7 @@ TEST_P(GpuHeapCalls, CopyMovesBetweenAnyMemories) {
 }
 
 TEST_P(GpuHeapCalls, TheStagedRouteCarriesPutsAndGetsToOtherNodes) {
-  Options o = options(16u << 20);
-  o.gpu_staging_chunk = 64u << 10;
-  o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
+  Options o = staged_options();
   Context ctx(MPI_COMM_WORLD, o);
   const int p = ctx.size();
   constexpr std::size_t kN = 100000;  // 400000 bytes: 6 chunks and a part, more than the 2 slots in flight
@@ -388,10 +401,7 @@ TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
   o.progress_thread = true;
   o.wait_timeout = std::chrono::seconds(30);
   Context ctx(MPI_COMM_WORLD, o);
-  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
-    ctx.finalize();
-    GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
-  }
+  if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;
   auto buf = ctx.alloc_device<std::uint32_t>(kN);
   const int target = first_far_rank_of_rank0(ctx);
@@ -416,15 +426,10 @@ TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
 }
 
 TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
-  Options o = options(16u << 20);
-  o.gpu_staging_chunk = 64u << 10;
-  o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
+  Options o = staged_options();
   o.wait_timeout = std::chrono::seconds(1);
   Context ctx(MPI_COMM_WORLD, o);
-  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
-    ctx.finalize();
-    GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
-  }
+  if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;
   auto buf = ctx.alloc_device<std::uint32_t>(kN);
   const int target = first_far_rank_of_rank0(ctx);
@@ -464,16 +469,11 @@ TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
 // watches a signal word with plain atomic loads until rank 0, done, adds 1 to it; then it checks its GPU heap. Over
 // the mpi route the thread leaves the route to the ranks' own ubep calls, and info() says which it is.
 TEST_P(GpuHeapCalls, TheProgressThreadDrivesTheStagedRouteWhileTheTargetComputes) {
-  Options o = options(16u << 20);
-  o.gpu_staging_chunk = 64u << 10;
-  o.gpu_mpi_window = "0";  // the staged route even where MPI is CUDA-aware
+  Options o = staged_options();
   o.progress_thread = true;
   o.wait_timeout = std::chrono::seconds(30);
   Context ctx(MPI_COMM_WORLD, o);
-  if (static_cast<int>(ctx.node_ranks().size()) == ctx.size()) {  // the same answer on every rank
-    ctx.finalize();
-    GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
-  }
+  if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;  // 400000 bytes: 7 chunks through 2 slots, so credits must come back
   auto buf = ctx.alloc_device<std::uint32_t>(2 * kN);  // [0, kN): rank 0's put; [kN, 2 kN): for its get
   auto done = ctx.alloc_signals(1);
