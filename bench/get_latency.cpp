@@ -1,19 +1,25 @@
 // ubep_get_latency: time per blocking get, like OSU's osu_get_latency (-w allocate -s lock_all). Rank 0
 // reads from rank 1. The MPI baselines run in the same job: MPI_Get + MPI_Win_flush(1) under
 // MPI_Win_lock_all, on an MPI_Win_allocate window (exactly OSU) and on an MPI_Win_create window (the kind
-// ubep's mpi route uses).
+// ubep's mpi route uses). --memory device (OSU's -d cuda): ubep's source and destination in the GPU heap.
 #include "bench/common.hpp"
 
 int main(int argc, char** argv) {
   using namespace ubep::bench;
   Spec spec{"ubep_get_latency", "ubep get latency vs MPI_Get + MPI_Win_flush (OSU osu_get_latency)"};
+  spec.memory_option = true;
   return run_benchmark(argc, argv, spec, [](Bench& b) {
     const Settings& s = b.settings();
     const bool origin = b.rank() == 0;
-    // One source buffer per route (read on rank 1), each in the heap of the Context of that route.
-    std::vector<ubep::Symmetric<std::byte>> src;
-    for (const UbepRoute& r : b.routes()) src.push_back(r.ctx->alloc<std::byte>(s.max_size));
+    // One source buffer per route (read on rank 1), each in the heap of the Context of that route (the GPU heap
+    // under --memory device, with ubep's destination there too).
+    std::vector<ubep::Symmetric<std::byte>> src, device_dst;
+    for (const UbepRoute& r : b.routes()) {
+      src.push_back(b.alloc(*r.ctx, s.max_size));
+      if (b.device_memory()) device_dst.push_back(b.alloc(*r.ctx, s.max_size));
+    }
     Buffer dst(s.max_size);
+    const auto ubep_dst = [&](std::size_t r) { return b.device_memory() ? device_dst[r].data() : dst.data(); };
     Window allocated(Window::Kind::allocate, s.max_size, b.comm());
     Window created(Window::Kind::create, s.max_size, b.comm());
 
@@ -38,15 +44,15 @@ int main(int argc, char** argv) {
         ubep::Context& ctx = *b.routes()[r].ctx;
         ++seed;
         if (!origin) {
-          fill_pattern(src[r].data(), size, seed);
+          b.fill(ctx, src[r].data(), size, seed);
           ctx.progress();  // MPI_Win_sync on the mpi route: the stores become visible to RMA
         }
         b.barrier();
         bool ok = true;
         if (origin) {
-          std::memset(dst.data(), 0, size);
-          ctx.get(dst.data(), src[r].data(), size, 1);
-          ok = check_pattern(dst.data(), size, seed, "ubep get");
+          b.zero(ctx, ubep_dst(r), size);
+          ctx.get(ubep_dst(r), src[r].data(), size, 1);
+          ok = b.check(ctx, ubep_dst(r), size, seed, "ubep get");
         }
         b.agree(ok,
                 "ubep get (route " + b.routes()[r].name + ") returned a wrong payload at size " + std::to_string(size));
@@ -77,8 +83,9 @@ int main(int argc, char** argv) {
           });
         };
         for (std::size_t r = 0; r < src.size(); ++r) {
-          loops[r] = loop_of(
-              [&ctx = *b.routes()[r].ctx, from = src[r].data(), &dst, size] { ctx.get(dst.data(), from, size, 1); });
+          loops[r] = loop_of([&ctx = *b.routes()[r].ctx, from = src[r].data(), to = ubep_dst(r), size] {
+            ctx.get(to, from, size, 1);
+          });
         }
         loops[mpi] = mpi_get(allocated.get());
         loops[mpi + 1] = mpi_get(created.get());

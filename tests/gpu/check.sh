@@ -14,7 +14,7 @@
 # label gpu under UBEP_REQUIRE_GPU=1 (gpu.device_check, gpu.kernels_check: a skip is a failure), the GPU
 # context, public API, GPU heap and MoE-on-GPU-memory tests under mpirun, compute-sanitizer memcheck of
 # gpu_kernels_check (when the tool is there and the machine lets it run; "not run" otherwise, not a failure),
-# the --memory host|device benchmark runs (put latency, put bandwidth, signal latency on one GPU, put bandwidth
+# the --memory host|device benchmark runs (put and get latency, put bandwidth, signal latency on one GPU, put bandwidth
 # across 2 virtual nodes: the staged route; ubep_moe_bench at 4 ranks), then the unit label as a smoke test of
 # the build. Well under ten minutes on a 16-core machine (the build is most of it).
 #
@@ -170,8 +170,8 @@ memcheck() {
   return $rc
 }
 step memcheck memcheck
-# GPU numbers: ubep's put, put bandwidth and put_signal between 2 processes on the GPU (CUDA IPC), and across
-# 2 virtual nodes (the staged route), beside the host-memory runs of the same job sizes. The logs keep the tables.
+# GPU numbers: ubep's put, get, put bandwidth and put_signal between 2 processes on the GPU (CUDA IPC), and put
+# bandwidth across 2 virtual nodes (the staged route), beside the host-memory runs of the same job sizes. The logs keep the tables.
 bench_device() (  # a subshell: its exports end with it
   local run=("$mpiexec_bin" -n 2 --oversubscribe)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -185,6 +185,8 @@ bench_device() (  # a subshell: its exports end with it
   for mem in host device; do
     echo "== ubep_put_latency --memory $mem"
     "${run[@]}" "$b/ubep_put_latency" "${common[@]}" --memory $mem || rc=1
+    echo "== ubep_get_latency --memory $mem"
+    "${run[@]}" "$b/ubep_get_latency" "${common[@]}" --memory $mem || rc=1
     echo "== ubep_put_bw --memory $mem"
     "${run[@]}" "$b/ubep_put_bw" --max-size 1048576 -i 100 --iterations-large 20 --memory $mem || rc=1
     echo "== ubep_signal_latency --memory $mem"
