@@ -264,14 +264,21 @@ struct StagedRoute {
   }
 
  public:
-  /// Posts get `q` (its seq the next of the pair) to pe; the caller has checked that a ring entry is free.
-  void request_get(GetRequest q, int pe) {
+  /// Posts get `q` to pe and returns its sequence number (the next of the pair); the caller has checked that a
+  /// ring entry is free.
+  std::uint64_t request_get(GetRequest q, int pe) {
     std::lock_guard lock(mu);
     Peer& p = peers[pe];
     q.seq = ++p.gets_sent;
     // Blocking: q lives on the stack; the request is visible at pe before its count (put, then the signal)
     s.put_signal_checked(request(s.rank, static_cast<int>((q.seq - 1) % kRequests)), &q, sizeof q, requested(s.rank), 1,
                          SignalOp::add, pe, true);
+    return q.seq;
+  }
+  /// Get `seq` from pe has its data in its destination (replies land in request order).
+  bool landed(int pe, std::uint64_t seq) {
+    std::lock_guard lock(mu);
+    return peers[pe].gets_landed >= seq;
   }
   bool ring_full(int pe) {
     std::lock_guard lock(mu);
@@ -587,8 +594,13 @@ void State::device_get(const char* call, void* dest, const void* src, std::size_
     device->heap->copy_async(dest, peer + off, bytes, prefix(call));
   } else if (!device->window_route) {  // the staged route: pe sends the data when it calls into ubep
     if (staged->ring_full(pe)) drive_staged(*this, call, [&] { return !staged->ring_full(pe); });
-    staged->request_get(GetRequest{off, bytes, reinterpret_cast<std::uintptr_t>(dest), 0}, pe);
+    const std::uint64_t seq =
+        staged->request_get(GetRequest{off, bytes, reinterpret_cast<std::uintptr_t>(dest), 0}, pe);
     progress_staged();
+    device_pending = true;
+    // get waits for its own data only, not for this rank's other staged transfers (quiet() does that)
+    if (complete) drive_staged(*this, call, [&] { return staged->landed(pe, seq); });
+    return;
   } else if (complete) {
     device->window_route->get(dest, off, bytes, pe);  // dest holds the data on return
   } else {

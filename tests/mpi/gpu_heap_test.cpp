@@ -200,6 +200,13 @@ void gets_from_far_ranks(Context& ctx, const std::uint32_t* buf, std::uint32_t* 
   ctx.barrier();  // no rank leaves while a peer still needs it to serve its gets
 }
 
+/// `o` with UBEP_PROGRESS_THREAD=1 and a 30 s deadline (the tests where a target computes outside ubep).
+Options with_progress_thread(Options o) {
+  o.progress_thread = true;
+  o.wait_timeout = std::chrono::seconds(30);
+  return o;
+}
+
 /// The emulated GPU heap with the window route forced (UBEP_GPU_MPI_WINDOW=1).
 Options window_options() {
   Options o = test::with_heap(4u << 20);
@@ -397,10 +404,7 @@ TEST(GpuHeap, TheMpiWindowCarriesPutsAndGetsToOtherNodes) {
 // so here this holds the promise, it does not isolate the thread). The target watches its own GPU heap
 // (emulated: host memory) with plain loads until the data is there.
 TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
-  Options o = window_options();
-  o.progress_thread = true;
-  o.wait_timeout = std::chrono::seconds(30);
-  Context ctx(MPI_COMM_WORLD, o);
+  Context ctx(MPI_COMM_WORLD, with_progress_thread(window_options()));
   if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;
   auto buf = ctx.alloc_device<std::uint32_t>(kN);
@@ -469,10 +473,7 @@ TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
 // watches a signal word with plain atomic loads until rank 0, done, adds 1 to it; then it checks its GPU heap. Over
 // the mpi route the thread leaves the route to the ranks' own ubep calls, and info() says which it is.
 TEST_P(GpuHeapCalls, TheProgressThreadDrivesTheStagedRouteWhileTheTargetComputes) {
-  Options o = staged_options();
-  o.progress_thread = true;
-  o.wait_timeout = std::chrono::seconds(30);
-  Context ctx(MPI_COMM_WORLD, o);
+  Context ctx(MPI_COMM_WORLD, with_progress_thread(staged_options()));
   if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;  // 400000 bytes: 7 chunks through 2 slots, so credits must come back
   auto buf = ctx.alloc_device<std::uint32_t>(2 * kN);  // [0, kN): rank 0's put; [kN, 2 kN): for its get
