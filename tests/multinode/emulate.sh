@@ -39,7 +39,8 @@ Needs root and `ip netns`. Exit status: the MPI job's; 77 when this machine cann
                        cleanup.sh treats those as its own and reaps them when PID <digits> is gone.
   --timeout S          kill the job after S seconds, clean up, exit 124 (default: none). Use it under CTest,
                        below the test's TIMEOUT: CTest kills with SIGKILL, which no trap can catch.
-  --stats              print each node's mpi0 byte counters (stderr) before tearing down
+  --stats              print each node's mpi0 byte and drop counters and TCP retransmissions (stderr)
+                       before tearing down (also printed whenever the job fails)
   --dry-run            print the topology and the launch command, create nothing
   -v, --verbose        print every ip/tc command
   -h, --help           this text
@@ -365,11 +366,18 @@ JOB=$!
 wait "$JOB"
 RC=$?
 JOB=
-if ((STATS)); then
+# With --stats, and whenever the job failed: each node's traffic, and what TCP and the links lost. A stall
+# of seconds between emulated nodes is most often a retransmission timeout (TCP backs off exponentially).
+if ((STATS || RC != 0)); then
   for ((i = 0; i < NODES; i++)); do
-    read -r rx tx < <(ip netns exec "${NS[i]}" sh -c \
-      'cat /sys/class/net/mpi0/statistics/rx_bytes /sys/class/net/mpi0/statistics/tx_bytes' | tr '\n' ' ')
-    echo "# node $i ${HOSTS[i]} mpi0: rx_bytes=$rx tx_bytes=$tx" >&2
+    read -r rx tx rxd txd < <(ip netns exec "${NS[i]}" sh -c 'cd /sys/class/net/mpi0/statistics &&
+      cat rx_bytes tx_bytes rx_dropped tx_dropped' | tr '\n' ' ')
+    tcp=$(ip netns exec "${NS[i]}" awk '$1 == "Tcp:" { if (!n++) for (f = 2; f <= NF; f++) k[f] = $f;
+      else for (f = 2; f <= NF; f++) if (k[f] == "RetransSegs") print $f }
+      $1 == "TcpExt:" { if (!m++) for (f = 2; f <= NF; f++) e[f] = $f;
+      else for (f = 2; f <= NF; f++) if (e[f] == "TCPTimeouts" || e[f] == "TCPLossProbes") printf " %s=%s", e[f], $f }' \
+      /proc/net/snmp /proc/net/netstat 2>/dev/null | tr '\n' ' ')
+    echo "# node $i ${HOSTS[i]} mpi0: rx_bytes=$rx tx_bytes=$tx rx_dropped=$rxd tx_dropped=$txd; tcp RetransSegs=$tcp" >&2
   done
 fi
 exit "$RC"
