@@ -1,4 +1,4 @@
-// ubep_get_latency: time per blocking get, like OSU's osu_get_latency (-w allocate -s lock_all). Rank 0
+// ubep_get_latency: time per blocking get, like OSU's osu_get_latency (-w allocate -s flush). Rank 0
 // reads from rank 1. The MPI baselines run in the same job: MPI_Get + MPI_Win_flush(1) under
 // MPI_Win_lock_all, on an MPI_Win_allocate window (exactly OSU) and on an MPI_Win_create window (the kind
 // ubep's mpi route uses). --memory device (OSU's -d cuda): ubep's source and destination in the GPU heap.

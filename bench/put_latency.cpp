@@ -1,5 +1,5 @@
 // ubep_put_latency: time per blocking put completed remotely, like OSU's osu_put_latency (-w allocate
-// -s lock_all). Rank 0 puts to rank 1; rank 1 only checks the payload. The MPI baselines run in the same
+// -s flush). Rank 0 puts to rank 1; rank 1 only checks the payload. The MPI baselines run in the same
 // job on the same ranks: MPI_Put + MPI_Win_flush(1) under MPI_Win_lock_all, on an MPI_Win_allocate window
 // (exactly OSU) and on an MPI_Win_create window (the kind ubep's mpi route uses, so that the cost of the
 // window kind and the cost of ubep itself can be told apart).

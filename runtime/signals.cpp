@@ -162,7 +162,38 @@ std::vector<std::size_t> satisfied(std::span<const std::uint64_t> sigs, Cmp cmp,
   return out;
 }
 
-/// The one polling loop behind every wait. Returns the satisfied indices (all of them for Mode::all).
+/// The polling loop behind every wait, once the condition did not hold at once: polls `ready()` until it
+/// holds, progressing whatever can deliver a signal (signal messages, the ucx worker, staged chunks, MPI)
+/// and backing off per UBEP_POLL; past the deadline calls `expired(waited seconds)`, which throws.
+template <class Ready, class Expired>
+void poll_until(State& s, const char* call, const WaitOptions& opts, Ready&& ready, Expired&& expired) {
+  const double timeout = (opts.timeout ? *opts.timeout : s.options.wait_timeout).count();
+  const auto start = std::chrono::steady_clock::now();
+  Backoff backoff(s.options.poll);
+  const bool messages = s.mpi && s.mpi->signal_messages();
+  for (;;) {
+    if (ready()) {
+      if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
+      return;
+    }
+    // Signals as messages: each one applied may be what this wait needs. In SimGrid builds the rank
+    // blocks until one arrives (a poll would never yield to the simulation; SimGrid reports a deadlock
+    // when every rank blocks): no deadline there.
+    if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
+    if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
+    if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
+    if (backoff.pause()) {
+      if (s.mpi && !messages) s.mpi->progress(s.comm);         // messages: deliver() progressed
+      if (s.device_window) s.device_window->progress(s.comm);  // peers' RMA on the GPU heap's window
+    }
+    if (timeout > 0 && (backoff.polls() & 15) == 0) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout) expired(waited);
+    }
+  }
+}
+
+/// The wait behind every wait_until_*. Returns the satisfied indices (all of them for Mode::all).
 std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const std::uint64_t> sigs, Cmp cmp,
                                    const Targets& t, const WaitOptions& opts, Mode mode) {
   check_signals(s, call, sigs, t, opts);
@@ -185,30 +216,10 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
     if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
     return out;
   }
-  const double timeout = (opts.timeout ? *opts.timeout : s.options.wait_timeout).count();
-  const auto start = std::chrono::steady_clock::now();
-  Backoff backoff(s.options.poll);
-  const bool messages = s.mpi && s.mpi->signal_messages();
-  for (;;) {
-    if (ready(out)) {
-      if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
-      return out;
-    }
-    // Signals as messages: each one applied may be what this wait needs. In SimGrid builds the rank
-    // blocks until one arrives (a poll would never yield to the simulation; SimGrid reports a deadlock
-    // when every rank blocks): no deadline there.
-    if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
-    if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
-    if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
-    if (backoff.pause()) {
-      if (s.mpi && !messages) s.mpi->progress(s.comm);         // messages: deliver() progressed
-      if (s.device_window) s.device_window->progress(s.comm);  // peers' RMA on the GPU heap's window
-    }
-    if (timeout > 0 && (backoff.polls() & 15) == 0) {
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout) timeout_report(s, call, sigs, cmp, t, opts, waited, mode);
-    }
-  }
+  poll_until(
+      s, call, opts, [&] { return ready(out); },
+      [&](double waited) { timeout_report(s, call, sigs, cmp, t, opts, waited, mode); });
+  return out;
 }
 
 }  // namespace
@@ -321,12 +332,23 @@ std::uint64_t Context::wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64
   state_->check_word("wait_until", sig);
   State& s = *state_;
   s.flush_pending_signals();
-  if (const std::uint64_t v = detail::load(sig); compare(v, cmp, value)) {  // no allocation, no clock
+  std::uint64_t v = detail::load(sig);
+  if (compare(v, cmp, value)) {  // no allocation, no clock
     if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, "wait_until", MPI_Win_sync(s.world_win));
     return v;
   }
-  detail::wait_impl(*state_, "wait_until", one, cmp, Targets{value, {}}, opts, Mode::all);
-  return detail::load(sig);
+  // One word: polled as one load, without wait_impl's vector of satisfied indices, whose allocation and
+  // release would sit between the signal's arrival and this call's return.
+  const Targets target{value, {}};
+  detail::check_signals(s, "wait_until", one, target, opts);
+  detail::poll_until(
+      s, "wait_until", opts,
+      [&] {
+        v = detail::load(sig);
+        return compare(v, cmp, value);
+      },
+      [&](double waited) { detail::timeout_report(s, "wait_until", one, cmp, target, opts, waited, Mode::all); });
+  return v;
 }
 
 void Context::wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,

@@ -446,5 +446,35 @@ TEST(Signal, TimeoutNamesTheMissingPeer) {
   ctx.finalize();
 }
 
+// wait_until on one word polls it as one load (no vector of satisfied indices): the same deadline, the same
+// report and the same argument checks as the wait_until_* family.
+TEST(Signal, SingleWaitTimesOutNamingItsSignalAndWriter) {
+  Context ctx(MPI_COMM_WORLD, heap());
+  const int me = ctx.rank(), n = ctx.size(), left = (me + n - 1) % n;
+  auto sig = ctx.alloc_signals(2);
+  const int writer[] = {left};
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error(Errc::timeout,
+               [&] {
+                 ctx.wait_until(&sig[1], Cmp::eq, 7,
+                                {.timeout = std::chrono::milliseconds(300), .writers = writer, .what = "one word"});
+               },
+               {"rank " + std::to_string(me), "wait_until", "one word", "signal[0]", "= 0, waiting for == 7",
+                "expected writer: rank " + std::to_string(left), "1 of 1 unsatisfied"});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.3);
+  EXPECT_LT(took, 5.0) << "the timeout fired far too late";
+  const int bad[] = {n};
+  expect_error(Errc::out_of_range, [&] { ctx.wait_until(&sig[1], Cmp::ge, 1, {.writers = bad}); },
+               {"wait_until", "writers[0] = " + std::to_string(n)});
+  ctx.barrier();  // every rank is done with the unwritten word
+  // It returns the value that met the condition, after the left neighbour's put_signal.
+  std::uint64_t word = 0;
+  ctx.put_signal(&sig[0], &word, 0, &sig[1], 40 + static_cast<std::uint64_t>(me), SignalOp::set, (me + 1) % n);
+  EXPECT_EQ(ctx.wait_until(&sig[1], Cmp::gt, 39, {.writers = writer}), 40 + static_cast<std::uint64_t>(left));
+  ctx.barrier();
+  ctx.finalize();
+}
+
 }  // namespace
 }  // namespace ubep
