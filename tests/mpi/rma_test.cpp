@@ -217,7 +217,7 @@ TEST(Rma, FetchAddContentionIsExact) {
   // multinode tests' UBEP_WAIT_TIMEOUT) on a loaded CI machine. Fewer iterations there, and one barrier per
   // loop, still contend on one word from every rank.
   int through_mpi = ctx.atomics_through_mpi() ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &through_mpi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  ASSERT_EQ(MPI_Allreduce(MPI_IN_PLACE, &through_mpi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), MPI_SUCCESS);
   const int kIters = through_mpi ? 500 : 2000;
   std::vector<std::uint64_t> seen;
   for (int i = 0; i < kIters; ++i) seen.push_back(ctx.atomic_fetch_add(counter.data(), 1, 0));

@@ -373,10 +373,10 @@ if ((STATS || RC != 0)); then
     read -r rx tx rxd txd < <(ip netns exec "${NS[i]}" sh -c 'cd /sys/class/net/mpi0/statistics &&
       cat rx_bytes tx_bytes rx_dropped tx_dropped' | tr '\n' ' ')
     tcp=$(ip netns exec "${NS[i]}" awk '$1 == "Tcp:" { if (!n++) for (f = 2; f <= NF; f++) k[f] = $f;
-      else for (f = 2; f <= NF; f++) if (k[f] == "RetransSegs") print $f }
+      else for (f = 2; f <= NF; f++) if (k[f] == "RetransSegs") printf "%s", $f }
       $1 == "TcpExt:" { if (!m++) for (f = 2; f <= NF; f++) e[f] = $f;
       else for (f = 2; f <= NF; f++) if (e[f] == "TCPTimeouts" || e[f] == "TCPLossProbes") printf " %s=%s", e[f], $f }' \
-      /proc/net/snmp /proc/net/netstat 2>/dev/null | tr '\n' ' ')
+      /proc/net/snmp /proc/net/netstat 2>/dev/null)
     echo "# node $i ${HOSTS[i]} mpi0: rx_bytes=$rx tx_bytes=$tx rx_dropped=$rxd tx_dropped=$txd; tcp RetransSegs=$tcp" >&2
   done
 fi
