@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -179,6 +180,23 @@ class State {
   /// GPU route).
   void put_signal_checked(std::size_t off, const void* src, std::size_t bytes, std::size_t soff, std::uint64_t value,
                           SignalOp op, int pe, bool blocking);
+  /// pe's heap mapped here when a put_signal to it is a copy and one release store or add with nothing before
+  /// it: pe in range, its data and signals load/store, the context alive, no device copies pending, `dest`
+  /// not in the GPU heap. Null otherwise (the caller takes the full path, which also reports what is wrong).
+  char* mapped_signal_target(int pe, const void* dest, std::size_t bytes) const noexcept {
+    if (static_cast<unsigned>(pe) >= static_cast<unsigned>(size) || finalized || device_pending) return nullptr;
+    if (bytes && device_holds(dest)) return nullptr;
+    return mapped_signals[static_cast<std::size_t>(pe)];
+  }
+  static constexpr AtomicOp atomic_of(SignalOp op) noexcept {
+    return op == SignalOp::set ? AtomicOp::set : AtomicOp::add;
+  }
+  /// The data and the signal to a mapped_signal_target: complete on return.
+  static void put_signal_mapped(char* m, std::size_t off, const void* src, std::size_t bytes, std::size_t soff,
+                                std::uint64_t value, SignalOp op) noexcept {
+    if (bytes) std::memcpy(m + off, src, bytes);
+    apply_posted(m, soff, atomic_of(op), value);
+  }
   void signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe);
   /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
   std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family);

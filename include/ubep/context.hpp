@@ -69,7 +69,10 @@
 ///  - "at most UBEP_WAIT_TIMEOUT": the call throws Errc::timeout when its deadline passes, as below.
 ///
 /// Deadlines. Waits (wait_until*, and the MoE calls built on them) poll with the deadline
-/// WaitOptions::timeout or UBEP_WAIT_TIMEOUT and throw Errc::timeout with a report. ubep's collectives
+/// WaitOptions::timeout or UBEP_WAIT_TIMEOUT and throw Errc::timeout with a report. A wait reads the clock
+/// first at its 16th poll (under the default UBEP_POLL, well under a microsecond after the call; at most
+/// about a millisecond with sleep_max_us=64 and no spinning) and counts its deadline from there: a clock
+/// read at the call cost a load/store ping-pong 10 ns per one-way trip. ubep's collectives
 /// (the agreement in Context(), alloc, alloc_signals, Symmetric::free, barrier, agree, finalize) are
 /// non-blocking MPI requests polled with UBEP_WAIT_TIMEOUT: when one times out, the rank asks every peer
 /// (point to point, for at most min(1 s, timeout / 5)) which collective it is in, and the error names the
