@@ -476,5 +476,65 @@ TEST(Signal, SingleWaitTimesOutNamingItsSignalAndWriter) {
   ctx.finalize();
 }
 
+// put_signal and put_signal_nbi check every argument on every route, the load/store fast path included
+// (a bad argument there falls through to the full path, which names the first bad one): rank, call and
+// value in the error, nothing written anywhere, and the calls work afterwards.
+TEST(Signal, PutSignalBadInputIsReportedAndWritesNothing) {
+  Context ctx(MPI_COMM_WORLD, heap());
+  const int n = ctx.size(), me = ctx.rank(), right = (me + 1) % n;
+  const std::string who = "rank " + std::to_string(me);
+  auto buf = ctx.alloc<std::uint64_t>(4);
+  auto sig = ctx.alloc_signals(2);
+  std::fill(buf.data(), buf.data() + 4, 0);
+  ctx.barrier();
+  std::uint64_t src[4] = {11, 12, 13, 14};
+  std::uint64_t local = 0;
+  auto* misaligned = reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(sig.data()) + 4);
+  for (const bool nbi : {false, true}) {
+    const std::string call = nbi ? "put_signal_nbi" : "put_signal";
+    const auto put_signal = [&](void* dest, std::size_t bytes, std::uint64_t* word, int pe) {
+      if (nbi) {
+        ctx.put_signal_nbi(dest, src, bytes, word, 5, SignalOp::set, pe);
+      } else {
+        ctx.put_signal(dest, src, bytes, word, 5, SignalOp::set, pe);
+      }
+    };
+    expect_error(Errc::out_of_range, [&] { put_signal(buf.data(), 8, sig.data(), n); },
+                 {who, call, "target rank " + std::to_string(n)});
+    expect_error(Errc::out_of_range, [&] { put_signal(buf.data(), 8, sig.data(), -1); }, {who, call, "-1"});
+    expect_error(Errc::out_of_range, [&] { put_signal(buf.data() + 3, 16, sig.data(), right); },
+                 {who, call, "runs past the end of its object"});
+    expect_error(Errc::not_symmetric, [&] { put_signal(&local, 8, sig.data(), right); },
+                 {who, call, "not in the symmetric heap"});
+    expect_error(Errc::not_symmetric, [&] { put_signal(buf.data(), 8, &local, right); },
+                 {who, call, "not in the symmetric heap"});
+    expect_error(Errc::misaligned, [&] { put_signal(buf.data(), 8, misaligned, right); },
+                 {who, call, "8-byte aligned"});
+    expect_error(Errc::out_of_range, [&] { put_signal(buf.data(), std::size_t{1} << 62, sig.data(), right); },
+                 {who, call, "symmetric heap"});
+  }
+  ctx.quiet();
+  ctx.barrier();  // every rank's bad calls are behind it: none wrote anything anywhere
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(buf[i], 0u) << "buf[" << i << "] written by a refused call";
+  EXPECT_EQ(ctx.signal_fetch(&sig[0]), 0u);
+  EXPECT_EQ(ctx.signal_fetch(&sig[1]), 0u);
+  ctx.barrier();
+  // Both calls still work: data, then the signal that publishes it.
+  ctx.put_signal(buf.data(), src, 16, &sig[0], 1, SignalOp::set, right);
+  ctx.put_signal_nbi(buf.data() + 2, src + 2, 16, &sig[1], 2, SignalOp::add, right);
+  EXPECT_EQ(ctx.wait_until(&sig[0], Cmp::eq, 1), 1u);
+  EXPECT_EQ(ctx.wait_until(&sig[1], Cmp::eq, 2), 2u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(buf[i], src[i]) << "buf[" << i << "]";
+  ctx.quiet();
+  ctx.barrier();
+  std::uint64_t* dest = buf.data();
+  std::uint64_t* word = sig.data();
+  ctx.finalize();
+  expect_error(Errc::finalized, [&] { ctx.put_signal(dest, src, 8, word, 1, SignalOp::set, right); },
+               {"put_signal", "finalized"});
+  expect_error(Errc::finalized, [&] { ctx.put_signal_nbi(dest, src, 8, word, 1, SignalOp::set, right); },
+               {"put_signal_nbi", "finalized"});
+}
+
 }  // namespace
 }  // namespace ubep
