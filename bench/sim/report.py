@@ -4,7 +4,9 @@ of a bench/sim/run.sh run, from OUT/runs.jsonl and the ubep_moe_bench JSON files
 
 Per shape and scale: the wall time of the simulation, the simulated layer time (dispatch + combine, the
 median over iterations of the maximum over ranks) of the BSP baseline and of every ubep layer (schedule /
-combine mode), ubep / BSP per layer, and topology / linear per combine mode (the schedule's effect)."""
+combine mode), ubep / BSP per layer, and topology / linear per combine mode (the schedule's effect); and the
+simulation of the BSP baseline's communication alone (ubep_sim_bsp_alone, no ubep code): its wall time and
+simulated layer time, the part of the wall time that SimGrid's flow model takes for the all-to-all itself."""
 import json
 import os
 import sys
@@ -42,7 +44,7 @@ def main():
     lines = ["# ubep_moe_bench under SimGrid SMPI (simulated time; bench/sim/run.sh)", "",
              "layer = dispatch + combine in simulated microseconds (median over iterations of the maximum over "
              "ranks); ubep/bsp and topology/linear are ratios of those medians in one simulation.", ""]
-    head = ["shape", "ranks", "wall s", "status", "bsp us"] + [f"{l} us" for l in labels] + \
+    head = ["shape", "ranks", "wall s", "status", "BSP alone: wall s", "BSP alone: us", "bsp us"] + [f"{l} us" for l in labels] + \
            [f"{l} ÷ bsp" for l in labels]
     modes = sorted({l.split("/")[1] for l in labels})
     head += [f"topology ÷ linear ({m})" for m in modes]
@@ -52,7 +54,13 @@ def main():
     for r in runs:
         rows = r["rows"]
         bsp = rows.get("bsp")
-        cells = [r["shape"], str(r["ranks"]), f'{r["wall_s"]:.0f}', r["status"], f"{bsp:.1f}" if bsp else "-"]
+        alone = r.get("alone_status")
+        w = r.get("alone_wall_s") or 0.0
+        alone_wall = "-" if alone is None else (f"{w:.1f}" if w < 10 else f"{w:.0f}") + \
+            ("" if alone == "ok" else f" ({alone})")
+        alone_us = f'{r["alone_us"]:.1f}' if r.get("alone_us") else "-"
+        cells = [r["shape"], str(r["ranks"]), f'{r["wall_s"]:.0f}', r["status"], alone_wall, alone_us,
+                 f"{bsp:.1f}" if bsp else "-"]
         cells += [f"{rows[l]:.1f}" if l in rows else "-" for l in labels]
         ratios = {l: rows[l] / bsp for l in labels if l in rows and bsp}
         cells += [f"{ratios[l]:.3f}" if l in ratios else "-" for l in labels]
@@ -63,7 +71,8 @@ def main():
                 topo[m] = t / lin
             cells.append(f"{topo[m]:.3f}" if m in topo else "-")
         lines.append("| " + " | ".join(cells) + " |")
-        summary.append({k: r[k] for k in ("shape", "ranks", "status", "wall_s")} |
+        summary.append({k: r.get(k) for k in ("shape", "ranks", "status", "wall_s", "alone_status", "alone_wall_s",
+                                             "alone_us")} |
                        {"layer_us": rows, "ubep_over_bsp": ratios, "topology_over_linear": topo})
     cost = os.path.join(out, "rma_cost.txt")
     if os.path.exists(cost):
@@ -83,6 +92,8 @@ def main():
                 f'{r["nodes"]}' for r in runs if r["status"] == "ok" and r.get("nodes_seen") != r.get("nodes")]
         bad += [f'{r["shape"]} at {r["ranks"]} ranks: no BSP row' for r in runs if r["status"] == "ok" and
                 "bsp" not in r["rows"]]
+        bad += [f'{r["shape"]} at {r["ranks"]} ranks, BSP alone: {r["alone_status"]}' for r in runs
+                if r.get("alone_status", "ok") != "ok"]
         if bad:
             sys.exit("report.py --check: " + "; ".join(bad))
     try:
@@ -107,7 +118,10 @@ def main():
     for shape in shapes:
         pts = [(r["ranks"], r["wall_s"]) for r in runs if r["shape"] == shape and r["wall_s"] > 0]
         if pts:
-            ax.plot(*zip(*pts), marker="s", label=shape)
+            ax.plot(*zip(*pts), marker="s", label=f"{shape}: ubep_moe_bench")
+        pts = [(r["ranks"], r["alone_wall_s"]) for r in runs if r["shape"] == shape and r.get("alone_wall_s")]
+        if pts:
+            ax.plot(*zip(*pts), marker="^", linestyle="--", label=f"{shape}: BSP alone (no ubep)")
     ax.set(xscale="log", yscale="log", xlabel="simulated ranks", ylabel="wall time of the simulation, s",
            title="wall time")
     ax.legend(fontsize=7)

@@ -17,7 +17,9 @@
 #   decode   32 tokens/rank, hidden 1024, bf16, top-8, one expert per rank, no expert compute
 #   prefill 256 tokens/rank, hidden 1024, bf16, top-8, one expert per rank, no expert compute
 #            (memory: run only up to UBEP_SIM_PREFILL_MAX_RANKS, default 128)
-# A simulation that passes the wall limit is stopped and reported as such; the table says so.
+# Beside every ubep_moe_bench run, ubep_sim_bsp_alone simulates the BSP baseline's communication alone (no ubep
+# code; the same shape, platform, settings and wall limit): its wall time is SimGrid's price of the all-to-all
+# itself at that scale. A simulation that passes the wall limit is stopped and reported as such; the table says so.
 # --check: exit 1 when a simulation failed, stopped at the wall limit or saw other than ranks/ranks-per-node nodes.
 # --quick: 16 and 32 ranks (4 per node, 2 nodes per leaf), the decode shape with 8 tokens per rank (a smoke run).
 set -euo pipefail
@@ -52,7 +54,9 @@ if [[ ! -x $BUILD/bench/ubep_moe_bench ]]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SIMGRID=ON >/dev/null
   cmake --build "$BUILD" -j "$JOBS" --target ubep_moe_bench
 fi
-if [[ ! -x $BUILD/bench/ubep_sim_rma_cost ]]; then cmake --build "$BUILD" -j "$JOBS" --target ubep_sim_rma_cost; fi
+for prog in ubep_sim_rma_cost ubep_sim_bsp_alone; do
+  if [[ ! -x $BUILD/bench/$prog ]]; then cmake --build "$BUILD" -j "$JOBS" --target "$prog"; fi
+done
 BENCH=$BUILD/bench/ubep_moe_bench
 # SMPI settings (README "Scale runs" says why): eager messages up to 64 KiB (SMPI's default waits for the
 # posted receive, which serialises ubep's one-receive signal inbox); Open MPI's collective algorithms, with
@@ -90,8 +94,25 @@ for shape in ${SHAPES//,/ }; do
     python3 bench/sim/make_platform.py --topology "$TOPO" --ranks "$np" --ranks-per-node "$RPN" \
       --nodes-per-switch "$NPS" "${EXTRA[@]}" --out "$plat" >/dev/null
     echo "== $tag: $(cat "$plat/description.json" | tr -d '\n ')"
+    # The BSP baseline's communication alone (ubep_sim_bsp_alone, no ubep code) first: the wall time SimGrid
+    # takes for the all-to-all itself at this scale, which bounds what any implementation's simulation costs.
     start=$(date +%s.%N)
-        rc=0
+    rc=0
+    timeout "$LIMIT" smpirun -np "$np" -platform "$plat/platform.xml" -hostfile "$plat/hostfile" "${SMPI[@]}" \
+      "$BUILD/bench/ubep_sim_bsp_alone" --tokens "$TOKENS" --hidden "$HIDDEN" --topk 8 --iterations "$ITERS" \
+      >"$OUT/$tag.bsp_alone.txt" 2>&1 || rc=$?
+    alone_wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+    alone_us=$(sed -n 's/.*: layer \([0-9.]*\) us.*/\1/p' "$OUT/$tag.bsp_alone.txt")
+    if ((rc == 124)); then
+      alone="stopped at the wall limit (${LIMIT} s)"
+    elif ((rc != 0)) || [[ -z $alone_us ]]; then
+      alone="failed (exit $rc, see $tag.bsp_alone.txt)"
+    else
+      alone=ok
+    fi
+    echo "   BSP alone (no ubep): $alone, ${alone_us:-no} simulated us, wall ${alone_wall} s"
+    start=$(date +%s.%N)
+    rc=0
     UBEP_TOPOLOGY_FILE=$plat/topology.conf timeout "$LIMIT" smpirun -np "$np" -platform "$plat/platform.xml" \
       -hostfile "$plat/hostfile" "${SMPI[@]}" "$BENCH" --tokens "$TOKENS" --hidden "$HIDDEN" --topk 8 --experts "$np" \
       --routing uniform --compute-us-per-token 0 --iterations "$ITERS" --warmup 1 --schedules "$SCHEDULES" \
@@ -103,8 +124,9 @@ for shape in ${SHAPES//,/ }; do
       status="failed (exit $rc, see $tag.txt)"
     fi
     echo "   $status, wall ${wall} s"
-    printf '{"shape":"%s","ranks":%d,"status":"%s","wall_s":%s,"json":"%s","topology":"%s","tokens":%d,"hidden":%d,"nodes":%d}\n' \
-      "$shape" "$np" "$status" "$wall" "$tag.json" "$TOPO" "$TOKENS" "$HIDDEN" "$((np / RPN))" >>"$OUT/runs.jsonl"
+    printf '{"shape":"%s","ranks":%d,"status":"%s","wall_s":%s,"json":"%s","topology":"%s","tokens":%d,"hidden":%d,"nodes":%d,"alone_status":"%s","alone_wall_s":%s,"alone_us":%s}\n' \
+      "$shape" "$np" "$status" "$wall" "$tag.json" "$TOPO" "$TOKENS" "$HIDDEN" "$((np / RPN))" "$alone" "$alone_wall" \
+      "${alone_us:-null}" >>"$OUT/runs.jsonl"
   done
 done
 PY=python3
