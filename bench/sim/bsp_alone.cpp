@@ -14,6 +14,14 @@
 #include <random>
 #include <vector>
 
+#include "mpi_check.hpp"
+
+namespace {
+
+void check(int rc, const char* what) { ubep_sim::check(rc, "ubep_sim_bsp_alone", what); }
+
+}  // namespace
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int me = 0, n = 0;
@@ -44,7 +52,7 @@ int main(int argc, char** argv) {
       scount[experts[k]] += row;
     }
   }
-  MPI_Alltoall(scount.data(), 1, MPI_INT, rcount.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  check(MPI_Alltoall(scount.data(), 1, MPI_INT, rcount.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Alltoall");
   int sent = 0, received = 0;
   for (int i = 0; i < n; ++i) {
     sdispl[i] = sent;
@@ -55,16 +63,18 @@ int main(int argc, char** argv) {
   std::vector<char> send(static_cast<std::size_t>(sent) + 1, 1), recv(static_cast<std::size_t>(received) + 1);
   std::vector<double> layer;
   for (int it = 0; it < iterations; ++it) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     const double t0 = MPI_Wtime();
-    MPI_Alltoall(scount.data(), 1, MPI_INT, rcount.data(), 1, MPI_INT, MPI_COMM_WORLD);
-    MPI_Alltoallv(send.data(), scount.data(), sdispl.data(), MPI_BYTE, recv.data(), rcount.data(), rdispl.data(),
-                  MPI_BYTE, MPI_COMM_WORLD);
-    MPI_Alltoallv(recv.data(), rcount.data(), rdispl.data(), MPI_BYTE, send.data(), scount.data(), sdispl.data(),
-                  MPI_BYTE, MPI_COMM_WORLD);
+    check(MPI_Alltoall(scount.data(), 1, MPI_INT, rcount.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Alltoall");
+    check(MPI_Alltoallv(send.data(), scount.data(), sdispl.data(), MPI_BYTE, recv.data(), rcount.data(), rdispl.data(),
+                        MPI_BYTE, MPI_COMM_WORLD),
+          "MPI_Alltoallv (dispatch)");
+    check(MPI_Alltoallv(recv.data(), rcount.data(), rdispl.data(), MPI_BYTE, send.data(), scount.data(), sdispl.data(),
+                        MPI_BYTE, MPI_COMM_WORLD),
+          "MPI_Alltoallv (combine)");
     const double mine = MPI_Wtime() - t0;
     double worst = 0.0;
-    MPI_Reduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    check(MPI_Reduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD), "MPI_Reduce");
     layer.push_back(worst);
   }
   if (me == 0) {

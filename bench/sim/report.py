@@ -44,8 +44,8 @@ def main():
     lines = ["# ubep_moe_bench under SimGrid SMPI (simulated time; bench/sim/run.sh)", "",
              "layer = dispatch + combine in simulated microseconds (median over iterations of the maximum over "
              "ranks); ubep/bsp and topology/linear are ratios of those medians in one simulation.", ""]
-    head = ["shape", "ranks", "wall s", "status", "BSP alone: wall s", "BSP alone: us", "bsp us"] + [f"{l} us" for l in labels] + \
-           [f"{l} ÷ bsp" for l in labels]
+    head = ["shape", "ranks", "wall s", "status", "BSP alone: wall s", "BSP alone: us", "bsp us"] + \
+           [f"{l} us" for l in labels] + [f"{l} ÷ bsp" for l in labels]
     modes = sorted({l.split("/")[1] for l in labels})
     head += [f"topology ÷ linear ({m})" for m in modes]
     lines.append("| " + " | ".join(head) + " |")

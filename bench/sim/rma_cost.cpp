@@ -15,14 +15,11 @@
 #include <cstring>
 #include <vector>
 
+#include "mpi_check.hpp"
+
 namespace {
 
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    std::fprintf(stderr, "ubep_sim_rma_cost: %s failed (%d)\n", what, rc);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-}
+void check(int rc, const char* what) { ubep_sim::check(rc, "ubep_sim_rma_cost", what); }
 
 }  // namespace
 

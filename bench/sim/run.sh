@@ -66,6 +66,23 @@ BENCH=$BUILD/bench/ubep_moe_bench
 # the network's alone.
 SMPI=(--cfg=network/crosstraffic:0 --cfg=smpi/simulate-computation:no --cfg=smpi/async-small-thresh:65536 --cfg=smpi/coll-selector:ompi --cfg=smpi/alltoallv:ompi_basic_linear --cfg=smpi/test:1e-8 --cfg=smpi/iprobe:1e-8 --cfg=smpi/privatization:dlopen --log=root.thresh:critical)
 : >"$OUT/runs.jsonl"
+# simulate LOG PROGRAM ARGS...: PROGRAM under smpirun on $plat with $np ranks, stopped at the wall limit, its
+# output in $OUT/LOG; sets wall (seconds) and status (ok, stopped at the wall limit, or failed).
+simulate() {
+  local log=$1 start rc=0
+  shift
+  start=$(date +%s.%N)
+  timeout "$LIMIT" smpirun -np "$np" -platform "$plat/platform.xml" -hostfile "$plat/hostfile" "${SMPI[@]}" "$@" \
+    >"$OUT/$log" 2>&1 || rc=$?
+  wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+  if ((rc == 124)); then
+    status="stopped at the wall limit (${LIMIT} s)"
+  elif ((rc != 0)); then
+    status="failed (exit $rc, see $log)"
+  else
+    status=ok
+  fi
+}
 # What SMPI charges for ubep's mpi-route protocol (put, flush per peer, signal message) against the same bytes
 # as messages, once, on the platform of the smallest scale (ubep_sim_rma_cost; the table quotes it).
 np=${RANKS%%,*}
@@ -83,7 +100,6 @@ for shape in ${SHAPES//,/ }; do
   esac
   for np in ${RANKS//,/ }; do
     tag=$shape-$TOPO-np$np
-    status=ok
     if [[ $shape == prefill && $np -gt ${UBEP_SIM_PREFILL_MAX_RANKS:-128} ]]; then
       status="not run: memory (prefill above UBEP_SIM_PREFILL_MAX_RANKS=${UBEP_SIM_PREFILL_MAX_RANKS:-128} ranks)"
       echo "== $tag: $status"
@@ -96,33 +112,15 @@ for shape in ${SHAPES//,/ }; do
     echo "== $tag: $(cat "$plat/description.json" | tr -d '\n ')"
     # The BSP baseline's communication alone (ubep_sim_bsp_alone, no ubep code) first: the wall time SimGrid
     # takes for the all-to-all itself at this scale, which bounds what any implementation's simulation costs.
-    start=$(date +%s.%N)
-    rc=0
-    timeout "$LIMIT" smpirun -np "$np" -platform "$plat/platform.xml" -hostfile "$plat/hostfile" "${SMPI[@]}" \
-      "$BUILD/bench/ubep_sim_bsp_alone" --tokens "$TOKENS" --hidden "$HIDDEN" --topk 8 --iterations "$ITERS" \
-      >"$OUT/$tag.bsp_alone.txt" 2>&1 || rc=$?
-    alone_wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+    simulate "$tag.bsp_alone.txt" "$BUILD/bench/ubep_sim_bsp_alone" --tokens "$TOKENS" --hidden "$HIDDEN" --topk 8 \
+      --iterations "$ITERS"
+    alone=$status alone_wall=$wall
     alone_us=$(sed -n 's/.*: layer \([0-9.]*\) us.*/\1/p' "$OUT/$tag.bsp_alone.txt")
-    if ((rc == 124)); then
-      alone="stopped at the wall limit (${LIMIT} s)"
-    elif ((rc != 0)) || [[ -z $alone_us ]]; then
-      alone="failed (exit $rc, see $tag.bsp_alone.txt)"
-    else
-      alone=ok
-    fi
+    [[ $alone == ok && -z $alone_us ]] && alone="failed (no layer time, see $tag.bsp_alone.txt)"
     echo "   BSP alone (no ubep): $alone, ${alone_us:-no} simulated us, wall ${alone_wall} s"
-    start=$(date +%s.%N)
-    rc=0
-    UBEP_TOPOLOGY_FILE=$plat/topology.conf timeout "$LIMIT" smpirun -np "$np" -platform "$plat/platform.xml" \
-      -hostfile "$plat/hostfile" "${SMPI[@]}" "$BENCH" --tokens "$TOKENS" --hidden "$HIDDEN" --topk 8 --experts "$np" \
-      --routing uniform --compute-us-per-token 0 --iterations "$ITERS" --warmup 1 --schedules "$SCHEDULES" \
-      --combine "$COMBINE" --json "$OUT/$tag.json" >"$OUT/$tag.txt" 2>&1 || rc=$?
-    wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
-    if ((rc == 124)); then
-      status="stopped at the wall limit (${LIMIT} s)"
-    elif ((rc != 0)); then
-      status="failed (exit $rc, see $tag.txt)"
-    fi
+    UBEP_TOPOLOGY_FILE=$plat/topology.conf simulate "$tag.txt" "$BENCH" --tokens "$TOKENS" --hidden "$HIDDEN" \
+      --topk 8 --experts "$np" --routing uniform --compute-us-per-token 0 --iterations "$ITERS" --warmup 1 \
+      --schedules "$SCHEDULES" --combine "$COMBINE" --json "$OUT/$tag.json"
     echo "   $status, wall ${wall} s"
     printf '{"shape":"%s","ranks":%d,"status":"%s","wall_s":%s,"json":"%s","topology":"%s","tokens":%d,"hidden":%d,"nodes":%d,"alone_status":"%s","alone_wall_s":%s,"alone_us":%s}\n' \
       "$shape" "$np" "$status" "$wall" "$tag.json" "$TOPO" "$TOKENS" "$HIDDEN" "$((np / RPN))" "$alone" "$alone_wall" \
