@@ -21,6 +21,8 @@ const char* to_string(Errc code) noexcept {
     case Errc::mpi: return "mpi";
     case Errc::internal: return "internal";
     case Errc::cuda: return "cuda";
+    case Errc::protocol: return "protocol";
+    case Errc::unreachable: return "unreachable";
   }
   return "unknown";
 }

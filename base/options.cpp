@@ -145,7 +145,15 @@ Options Options::from_env() {
     }
     if (o.transports.empty()) bad("UBEP_TRANSPORTS", v, "no transport named");
   }
-  if (const char* v = env("UBEP_PROGRESS_THREAD")) o.progress_thread = parse_bool(v, "UBEP_PROGRESS_THREAD");
+  if (const char* v = env("UBEP_PROGRESS_THREAD")) {
+    if (trim(v) == "auto") {
+      o.progress_thread = false;
+      o.ucx_progress_thread = true;
+    } else {
+      o.progress_thread = parse_bool(v, "UBEP_PROGRESS_THREAD (auto, 1 or 0)");
+      o.ucx_progress_thread = o.progress_thread;
+    }
+  }
   if (const char* v = env("UBEP_GPU")) o.gpu = parse_bool(v, "UBEP_GPU");
   if (const char* v = env("UBEP_GPU_EMULATE")) o.gpu_emulate = parse_bool(v, "UBEP_GPU_EMULATE");
   if (const char* v = env("UBEP_GPU_MPI_WINDOW")) {
@@ -216,7 +224,7 @@ std::vector<std::string> Options::describe() const {
                 ",sleep_max_us=" + std::to_string(poll.sleep_max_us) +
                 ",progress_every=" + std::to_string(poll.progress_every));
   out.push_back("UBEP_TRANSPORTS=" + join(transports));
-  out.push_back(std::string("UBEP_PROGRESS_THREAD=") + (progress_thread ? "1" : "0"));
+  out.push_back(std::string("UBEP_PROGRESS_THREAD=") + (progress_thread ? "1" : ucx_progress_thread ? "auto" : "0"));
   out.push_back("UBEP_PROGRESS_INTERVAL_US=" + std::to_string(progress_interval_us));
   out.push_back(std::string("UBEP_GPU=") + (gpu ? "1" : "0"));
   out.push_back("UBEP_GPU_HEAP_SIZE=" + std::to_string(gpu_heap_size));

@@ -80,7 +80,7 @@ std::vector<std::int64_t> roll_call(const State& s, std::int64_t seq, std::chron
       }
       continue;
     }
-    if (s.ucx) s.ucx->poll();
+    if (s.ucx) s.ucx->poll_keeping_errors();
     backoff.pause();
   }
   return at;
@@ -115,7 +115,9 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
     int done = 0;
     UBEP_MPI_CHECK(rank, call, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    if (ucx) ucx->poll();           // a peer may wait for this rank's answer before it joins
+    if (ucx)
+      ucx->poll_keeping_errors();   // a peer may wait for this rank's answer before it joins (an error
+                                    // there is thrown by this rank's next operation, not by the collective)
     if (staged) progress_staged();  // ... or for the credits of its staged GPU transfers to this rank
     backoff.pause();
     if ((backoff.polls() & 63) == 0) answer_roll_call(*this);

@@ -1,6 +1,9 @@
 #include "ubep/context.hpp"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -90,22 +93,29 @@ const char* family_name(AtomicFamily f) {
 }
 }  // namespace
 
-std::size_t State::prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family) {
+std::size_t State::prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family, bool fetching) {
   check_alive(call);
   check_pe(call, pe);
   const std::size_t off = check_word(call, addr);
   if (family != AtomicFamily::any && mpi && atomics == mpi.get()) {
     // MPI makes accumulates atomic with respect to each other only when they use one op (or
     // MPI_NO_OP) on a word: the world window says so (accumulate_ops=same_op_no_op). One kind per
-    // target word, checked for this rank's own calls.
+    // target word while this rank's non-fetching atomics on it (add, set) are in flight: they are recorded until
+    // quiet() or flush(pe) completes them; a fetching atomic is complete on return and records nothing.
     const std::uint64_t key = static_cast<std::uint64_t>(off) * static_cast<std::uint64_t>(size) + pe;
-    const auto [it, fresh] = atomic_family.emplace(key, family);
-    if (!fresh && it->second != family) {
+    const auto it = atomic_family.find(key);
+    if (it == atomic_family.end()) {
+      if (!fetching) atomic_family.emplace(key, family);
+    } else if (it->second != family) {
       fail(Errc::unsupported, call,
            "the word at heap offset " + std::to_string(off) + " on rank " + std::to_string(pe) +
-               " was updated by this rank with " + family_name(it->second) + "; on the mpi route MPI makes " +
+               " was updated by this rank with " + family_name(it->second) +
+               " (a non-fetching atomic, still in flight: no quiet() or flush(" + std::to_string(pe) +
+               ") since); on the mpi route MPI makes " +
                "atomics on one word atomic with respect to each other only if they use one kind: " +
-               "fetch_add/add, or swap/set, or compare_swap, each with fetch (README, \"Atomics\")");
+               "fetch_add/add, or swap/set, or compare_swap, each with fetch. Separate the kinds by synchronization: " +
+               "quiet() or flush(pe) here, then whatever orders the other ranks' atomics (a barrier, a signal) " +
+               "(README, \"Atomics\")");
     }
   }
   flush_pending_signals();  // atomics and deferred signals on one word stay in program order
@@ -125,7 +135,13 @@ bool State::release(std::size_t offset) noexcept {
 
 void State::stop_progress_thread() noexcept {
   progress_stop = true;
+  if (progress_wake_fd >= 0) {
+    const std::uint64_t one = 1;
+    (void)!::write(progress_wake_fd, &one, sizeof one);  // the ucx thread sleeps in poll(): wake it
+  }
   if (progress_thread.joinable()) progress_thread.join();
+  if (progress_wake_fd >= 0) ::close(progress_wake_fd);
+  progress_wake_fd = -1;
 }
 
 State::~State() { stop_progress_thread(); }
@@ -296,17 +312,19 @@ void build(State& s, MPI_Comm user_comm) {
   // Settings that change collective behaviour must agree too: a topology file on some ranks only is a
   // broadcast that the others never join; a progress thread is a communicator dup; the probe is a
   // ping-pong; signal kinds would mix protocols on one word. Unset or unreadable file: 0 / -1.
-  s.collective(
-      call, detail::CollKind::create,
-      {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0, s.options.progress_thread ? 1 : 0,
-       s.options.mpi_signal_message ? 2
-       : s.options.mpi_signal_put   ? 1
-                                    : 0,
-       hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0, static_cast<std::int64_t>(s.options.gpu_heap_size),
-       s.options.gpu_emulate ? 1 : 0},
-      {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE", "UBEP_PROGRESS_THREAD",
-       "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)", "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE",
-       "UBEP_GPU_EMULATE"});
+  s.collective(call, detail::CollKind::create,
+               {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0,
+                s.options.progress_thread       ? 1
+                : s.options.ucx_progress_thread ? 2
+                                                : 0,
+                s.options.mpi_signal_message ? 2
+                : s.options.mpi_signal_put   ? 1
+                                             : 0,
+                hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0,
+                static_cast<std::int64_t>(s.options.gpu_heap_size), s.options.gpu_emulate ? 1 : 0},
+               {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE",
+                "UBEP_PROGRESS_THREAD (0 off, 1 on, 2 auto)", "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)",
+                "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE", "UBEP_GPU_EMULATE"});
   // How GPU-heap data reaches other nodes: a staged route of different chunks, or a window on some ranks
   // only, would be a different protocol or a collective that the others never join.
   s.collective(call, detail::CollKind::create,
@@ -418,8 +436,11 @@ void build(State& s, MPI_Comm user_comm) {
   int ucx_any = need_ucx ? 1 : 0;
   UBEP_MPI_CHECK(s.rank, call, MPI_Allreduce(MPI_IN_PLACE, &ucx_any, 1, MPI_INT, MPI_MAX, s.comm));
   if (ucx_any) {
+    // A progress thread beside the caller's (UBEP_PROGRESS_THREAD=1, or the ucx route's own: auto): agreed by
+    // every rank, and so is this flag, which also chooses UCX's features.
+    const bool threaded = s.options.progress_thread || (s.options.ucx_progress_thread && !UBEP_SIMGRID);
     s.ucx = std::make_unique<detail::UcxTransport>(s.comm, s.rank, s.size, s.base, s.heap_size, s.options.ucx_mode,
-                                                   s.options.wait_timeout, s.options.poll, s.options.progress_thread);
+                                                   s.options.wait_timeout, s.options.poll, threaded);
   }
 #endif
   // Every rank must agree on whether the world window exists (its creation is collective).
@@ -454,7 +475,7 @@ void build(State& s, MPI_Comm user_comm) {
         s.world_win, s.rank, s.size, s.options.mpi_signal_put,
         !UBEP_SIMGRID && s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off",
         s.options.mpi_bounded == "all", std::move(off_host), s.options.wait_timeout, s.options.poll, s.signal_comm,
-        s.base);
+        s.base, s.heap_size);
   }
   s.uses_mpi = need_mpi;
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
@@ -499,12 +520,37 @@ void build(State& s, MPI_Comm user_comm) {
       while (!s.progress_stop.load(std::memory_order_relaxed)) {
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s.progress_comm, &flag, MPI_STATUS_IGNORE);
-        if (s.ucx) s.ucx->poll();    // messages aimed at this rank land while it computes (thread-safe)
-        s.thread_progress_staged();  // staged GPU chunks land, credits and get replies go out
+        if (s.ucx) s.ucx->poll_keeping_errors();  // messages aimed at this rank land while it computes
+        s.thread_progress_staged();               // staged GPU chunks land, credits and get replies go out
         std::this_thread::sleep_for(interval);
       }
     });
+    s.progress_kind = "full: MPI, UCX and the staged GPU route every " +
+                      std::to_string(s.options.progress_interval_us) + " us (UBEP_PROGRESS_THREAD=1)";
   }
+#if UBEP_HAVE_UCX
+  else if (s.ucx && s.options.ucx_progress_thread) {
+    // The ucx route's thread: asleep on the worker's event fd until a message arrives for this rank, then it
+    // runs the handlers and sends the answers (and moves the staged GPU route on), so peers' quiet(), gets and
+    // atomics complete while this rank computes or sits in a plain MPI call. It calls no MPI.
+    s.progress_wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s.progress_wake_fd < 0) {
+      s.fail(Errc::internal, call, std::string("eventfd for the progress thread: ") + std::strerror(errno));
+    }
+    auto* u = static_cast<detail::UcxTransport*>(s.ucx.get());
+    s.progress_thread = std::thread([&s, u] {
+      pollfd fds[2] = {{u->event_fd(), POLLIN, 0}, {s.progress_wake_fd, POLLIN, 0}};
+      while (!s.progress_stop.load(std::memory_order_relaxed)) {
+        u->thread_pass();
+        s.thread_progress_staged();
+        if (!u->arm()) continue;  // something arrived during the pass: another pass first
+        // Local work in flight (a rendezvous, sends): look again soon even if no event says so.
+        (void)::poll(fds, 2, u->busy() ? 1 : 1000);
+      }
+    });
+    s.progress_kind = "ucx: wakes on UCX's event fd when a message arrives (UBEP_PROGRESS_THREAD=auto)";
+  }
+#endif
 }
 
 }  // namespace
@@ -543,6 +589,8 @@ void Context::finalize() {
   try {
     s.quiet();
     s.collective("finalize", detail::CollKind::finalize, {});
+    // Signals as messages: every one sent is received before the channel goes (none left to MPI at teardown).
+    s.apply_sent_signal_messages("finalize");
   } catch (...) {
     s.stop_progress_thread();  // the context stays usable for another finalize(); the thread never outlives it
     throw;
@@ -601,6 +649,7 @@ RuntimeInfo Context::info() const {
                       (r == Route::ucx && s.ucx && s.atomics == s.ucx.get());
     if (used) out.transports.emplace_back(to_string(r));
   }
+  out.progress_thread = s.progress_kind;
   out.gpu_heap = detail::gpu_heap_description(s);
   for (int pe = 0; pe < s.size; ++pe) out.gpu_peers.push_back(detail::gpu_path(s, pe));
   return out;
@@ -694,6 +743,11 @@ void Context::barrier() {
 void Context::agree(const char* what, std::initializer_list<std::int64_t> values,
                     std::initializer_list<const char*> names) {
   state_->check_alive(what);
+  if (names.size() != 0 && names.size() != values.size()) {
+    state_->fail(Errc::invalid_argument, what,
+                 std::to_string(names.size()) + " names given for " + std::to_string(values.size()) +
+                     " values (agree takes one name per value, or none)");
+  }
   state_->collective(what, detail::CollKind::user, values, names);
 }
 
@@ -785,8 +839,10 @@ void Context::flush_local(int pe) {
   State& s = *state_;
   s.check_alive("flush_local");
   s.check_pe("flush_local", pe);
-  // ucx: no message (its signals are never deferred); mpi: a flush; self/shm: complete already.
+  // ucx: no message (its signals are never deferred); mpi: a flush; self/shm: complete already. GPU-heap data
+  // first: a device copy or a staged transfer reads its source until it is complete (synchronize_device).
   if (s.routes[pe] == Route::ucx) {
+    s.complete_device("flush_local");
     s.ucx->flush_local(pe);
   } else {
     flush(pe);
@@ -802,35 +858,41 @@ void Context::flush(int pe) {
   s.load_store->flush_all();
   if (s.ucx) s.ucx->flush(pe);
   if (s.mpi) s.mpi->flush(pe);
+  // This rank's atomics to pe are complete: a later one of another kind on the same word cannot overlap them.
+  if (!s.atomic_family.empty()) {
+    std::erase_if(s.atomic_family, [&](const auto& kv) {
+      return kv.first % static_cast<std::uint64_t>(s.size) == static_cast<std::uint64_t>(pe);
+    });
+  }
 }
 
 std::uint64_t Context::atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_fetch_add", dest, pe, detail::AtomicFamily::sum);
+  const std::size_t off = state_->prepare_atomic("atomic_fetch_add", dest, pe, detail::AtomicFamily::sum, true);
   return state_->fetch_atomic(detail::AtomicOp::fetch_add, off, value, 0, pe);
 }
 
 void Context::atomic_add(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_add", dest, pe, detail::AtomicFamily::sum);
+  const std::size_t off = state_->prepare_atomic("atomic_add", dest, pe, detail::AtomicFamily::sum, false);
   state_->atomics_of(pe).post_atomic(detail::AtomicOp::add, off, value, pe);
 }
 
 std::uint64_t Context::atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_compare_swap", dest, pe, detail::AtomicFamily::cas);
+  const std::size_t off = state_->prepare_atomic("atomic_compare_swap", dest, pe, detail::AtomicFamily::cas, true);
   return state_->fetch_atomic(detail::AtomicOp::compare_swap, off, desired, expected, pe);
 }
 
 std::uint64_t Context::atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_swap", dest, pe, detail::AtomicFamily::replace);
+  const std::size_t off = state_->prepare_atomic("atomic_swap", dest, pe, detail::AtomicFamily::replace, true);
   return state_->fetch_atomic(detail::AtomicOp::swap, off, value, 0, pe);
 }
 
 std::uint64_t Context::atomic_fetch(const std::uint64_t* dest, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_fetch", dest, pe, detail::AtomicFamily::any);
+  const std::size_t off = state_->prepare_atomic("atomic_fetch", dest, pe, detail::AtomicFamily::any, true);
   return state_->fetch_atomic(detail::AtomicOp::fetch, off, 0, 0, pe);
 }
 
 void Context::atomic_set(std::uint64_t* dest, std::uint64_t value, int pe) {
-  const std::size_t off = state_->prepare_atomic("atomic_set", dest, pe, detail::AtomicFamily::replace);
+  const std::size_t off = state_->prepare_atomic("atomic_set", dest, pe, detail::AtomicFamily::replace, false);
   state_->atomics_of(pe).post_atomic(detail::AtomicOp::set, off, value, pe);
 }
 

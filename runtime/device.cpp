@@ -62,17 +62,8 @@ constexpr int kSlots = 2;
 constexpr std::size_t kHeader = 64;
 static_assert(sizeof(staging::ChunkHeader) <= kHeader);
 constexpr int kRequests = 4;
-/// A destination with this bit is an address in the target's own memory (a get's reply), else an offset in its
-/// GPU heap. User-space addresses are below 2^57 on every 64-bit platform CUDA runs on.
-constexpr std::uint64_t kAbsolute = std::uint64_t{1} << 63;
-
-/// A get request, as it travels (one put into the server's ring).
-struct GetRequest {
-  std::uint64_t src = 0;    ///< offset in the server's GPU heap
-  std::uint64_t bytes = 0;  ///< to send
-  std::uint64_t dest = 0;   ///< address in the requester's memory (host or GPU)
-  std::uint64_t seq = 0;    ///< per (requester, server) pair: 1, 2, ...
-};
+using staging::GetRequest;
+using staging::kAbsolute;
 constexpr std::size_t kRequestBytes = 32;
 static_assert(sizeof(GetRequest) == kRequestBytes);
 
@@ -118,6 +109,13 @@ struct StagedRoute {
       std::vector<int> out;
       for (int k = 0; k < kSlots; ++k) {
         const std::uint64_t v = r.word(r.credit(pe, k));
+        // A slot holds one chunk: its credit count moves by one at most between two steps (the peer's word: a
+        // forged count must not make this loop run for ever).
+        if (v < credits_seen[k] || v - credits_seen[k] > 1) {
+          throw Error(Errc::protocol, r.s.prefix("GPU staging") + "the credit count of slot " + std::to_string(k) +
+                                          " from rank " + std::to_string(pe) + " went from " +
+                                          std::to_string(credits_seen[k]) + " to " + std::to_string(v));
+        }
         for (; credits_seen[k] < v; ++credits_seen[k]) out.push_back(k);
       }
       return out;
@@ -129,7 +127,9 @@ struct StagedRoute {
     std::unique_ptr<staging::Target> target;
     std::vector<std::uint64_t> arrived_seen = std::vector<std::uint64_t>(kSlots, 0);
     std::uint64_t gets_sent = 0, gets_landed = 0;  // this rank's gets from the peer
+    std::deque<GetRequest> gets_out;               // ... those awaiting their data: where each may land
     std::uint64_t requests_seen = 0;               // the peer's gets served by this rank
+    std::string broken;                            // the protocol violation that isolated the peer, if any
   };
 
   State& s;
@@ -164,11 +164,38 @@ struct StagedRoute {
       p.origin = std::make_unique<staging::Origin>(config, origin_engine, *p.wire, std::move(out_slots));
       p.target = std::make_unique<staging::Target>(
           config, target_engine, std::move(in_slots),
-          [this, pe](int k) { s.signal_checked(credit(s.rank, k), 1, SignalOp::add, pe); },
-          [this, pe](const staging::ChunkHeader& h) {             // put_signal sends its signal after the transfer; a
-            if (h.signal != 0) peers[pe].gets_landed = h.signal;  // get reply completes its get (in order)
+          [this, pe](int k) { s.signal_checked(credit(s.rank, k), 1, SignalOp::add, pe, false); },
+          [this, pe](const staging::ChunkHeader& h) {  // put_signal sends its signal after the transfer; a get
+            if (h.signal == 0) return;                 // reply completes its get (in order)
+            Peer& q = peers[pe];
+            q.gets_landed = h.signal;
+            while (!q.gets_out.empty() && q.gets_out.front().seq <= h.signal) q.gets_out.pop_front();
           });
+      // The chunk headers are the peer's: a transfer lands only where this rank let it (check_dest).
+      p.target->set_dest_check([this, pe](const staging::ChunkHeader& h) { return check_dest(pe, h); });
     }
+  }
+  /// Where a transfer from pe may land: a put in this rank's GPU heap (no signal), a get's reply exactly where one of
+  /// this rank's gets from pe asked for it.
+  std::string check_dest(int pe, const staging::ChunkHeader& h) const {
+    if (h.dest & kAbsolute) {
+      for (const GetRequest& q : peers[pe].gets_out) {
+        if (q.seq != h.signal) continue;
+        if ((h.dest & ~kAbsolute) != q.dest || h.total != q.bytes) {
+          return "field 'dest': get " + std::to_string(q.seq) + " asked for " + std::to_string(q.bytes) +
+                 " bytes elsewhere";
+        }
+        return {};
+      }
+      return "field 'signal' = " + std::to_string(h.signal) + ": no get of this rank from rank " + std::to_string(pe) +
+             " awaits that reply";
+    }
+    if (h.signal != 0) return "field 'signal' = " + std::to_string(h.signal) + ": a put carries none";
+    if (h.dest > s.device_size || h.total > s.device_size - h.dest) {
+      return "field 'dest' = " + std::to_string(h.dest) + ": [dest, +" + std::to_string(h.total) +
+             " bytes) is outside the " + std::to_string(s.device_size) + "-byte GPU heap";
+    }
+    return {};
   }
   static std::size_t region_bytes(std::size_t ranks, std::size_t chunk_bytes) {
     return ranks * (kSlots * (2 * (kHeader + chunk_bytes) + 2 * sizeof(std::uint64_t)) + kRequests * kRequestBytes +
@@ -214,7 +241,15 @@ struct StagedRoute {
   /// Queues a put of `bytes` from `src` to GPU-heap offset `off` of pe.
   void put(int pe, const void* src, std::uint64_t off, std::uint64_t bytes) {
     std::lock_guard lock(mu);
+    check_peer(pe);
     peers[pe].origin->put(src, off, bytes, 0);
+  }
+  /// Throws Errc::protocol when pe was isolated after a protocol violation.
+  void check_peer(int pe) const {
+    if (!peers[pe].broken.empty()) {
+      s.fail(Errc::protocol, "GPU staging",
+             "rank " + std::to_string(pe) + " was isolated after a protocol violation: " + peers[pe].broken);
+    }
   }
   /// The ranks of other nodes are all on the ucx route (data and signals): the only host route whose transport
   /// is thread-safe (with UBEP_PROGRESS_THREAD=1), so the progress thread may drive this route too.
@@ -233,7 +268,19 @@ struct StagedRoute {
     bool moved = false;
     for (int pe = 0; pe < s.size; ++pe) {
       Peer& p = peers[pe];
-      if (!p.origin) continue;
+      if (!p.origin || !p.broken.empty()) continue;
+      try {
+        moved = step_peer(pe, p) | moved;
+      } catch (const Error& e) {
+        if (e.code() == Errc::protocol) p.broken = e.what();  // isolated: its words are not read again
+        throw;
+      }
+    }
+    return moved;
+  }
+  bool step_peer(int pe, Peer& p) {
+    bool moved = false;
+    {
       for (int k = 0; k < kSlots; ++k) {
         if (p.arrived_seen[k] < word(arrived(pe, k))) {
           ++p.arrived_seen[k];
@@ -247,12 +294,10 @@ struct StagedRoute {
         GetRequest q;
         std::memcpy(&q, s.base + request(pe, static_cast<int>(p.requests_seen % kRequests)), sizeof q);
         ++p.requests_seen;
-        if (q.seq != p.requests_seen || q.src > s.device_size || q.bytes > s.device_size - q.src ||
-            (q.dest & kAbsolute)) {
-          s.fail(Errc::internal, "GPU staging",
+        if (const std::string why = staging::check_get_request(q, p.requests_seen, s.device_size); !why.empty()) {
+          s.fail(Errc::protocol, "GPU staging",
                  "get request " + std::to_string(p.requests_seen) + " from rank " + std::to_string(pe) +
-                     " is malformed: sequence " + std::to_string(q.seq) + ", " + std::to_string(q.bytes) +
-                     " bytes at GPU-heap offset " + std::to_string(q.src));
+                     " breaks the protocol: " + why);
         }
         p.origin->put(s.device_base + q.src, q.dest | kAbsolute, q.bytes, q.seq);
         moved = true;
@@ -268,8 +313,10 @@ struct StagedRoute {
   /// ring entry is free.
   std::uint64_t request_get(GetRequest q, int pe) {
     std::lock_guard lock(mu);
+    check_peer(pe);
     Peer& p = peers[pe];
     q.seq = ++p.gets_sent;
+    p.gets_out.push_back(q);
     // Blocking: q lives on the stack; the request is visible at pe before its count (put, then the signal)
     s.put_signal_checked(request(s.rank, static_cast<int>((q.seq - 1) % kRequests)), &q, sizeof q, requested(s.rank), 1,
                          SignalOp::add, pe, true);
@@ -476,6 +523,9 @@ void create(State& s, const char* call) {
     const std::size_t bytes = StagedRoute::region_bytes(s.size, chunk);
     const char* what = "alloc_device (the staged route's host buffers, UBEP_GPU_STAGING_CHUNK)";
     const std::optional<std::size_t> off = alloc_agreed(s, what, CollKind::alloc, s.heap, bytes, 64);
+    // As in Context::alloc: signal messages the peers sent before the agreement (UBEP_MPI_SIGNAL=message) are
+    // applied now, so none lands later in a word of a freed object whose block the counters below reuse.
+    s.apply_sent_signal_messages(what);
     if (!off) throw_out_of_heap(s, what, s.heap, s.heap_size, "UBEP_HEAP_SIZE", bytes, 64);
     region = *off;
     std::memset(s.base + region, 0, bytes);
@@ -483,7 +533,9 @@ void create(State& s, const char* call) {
     s.collective(what, CollKind::signals, {static_cast<std::int64_t>(bytes)}, {"bytes"});
     s.device->staged = std::make_unique<StagedRoute>(s, region, chunk);
     s.staged = s.device->staged.get();
-    if (s.options.progress_thread && s.staged->ucx_only()) {  // the same answer on every rank: routes are symmetric
+    // The progress thread (UBEP_PROGRESS_THREAD=1, or the ucx route's own) drives the route too where it is
+    // thread-safe; the same answer on every rank: routes are symmetric.
+    if (s.progress_thread.joinable() && s.staged->ucx_only()) {
       s.staged->threaded = true;
       s.thread_staged.store(s.staged, std::memory_order_release);
     }
@@ -527,7 +579,16 @@ void drive_staged(State& s, const char* call, Done done) {
   const auto start = std::chrono::steady_clock::now();
   const double timeout = s.options.wait_timeout.count();
   Backoff backoff(s.options.poll);
+  std::uint64_t turns = 0;  // every 16th turn checks the deadline, however busy the route keeps it
   while (!done()) {
+    if (timeout > 0 && (++turns & 15) == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
+      s.fail(Errc::timeout, call,
+             "waited " + std::to_string(timeout) +
+                 " s (UBEP_WAIT_TIMEOUT) for the staged GPU transfers to other nodes; a peer drains and serves them "
+                 "only when it calls into ubep (or from its progress thread). Still pending:" +
+                 s.staged->pending());
+    }
     if (s.staged->progress()) {
       s.flush_pending_signals();
       continue;
@@ -541,14 +602,6 @@ void drive_staged(State& s, const char* call, Done done) {
         int flag = 0;
         UBEP_MPI_CHECK(s.rank, call, MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s.comm, &flag, MPI_STATUS_IGNORE));
       }
-    }
-    if (timeout > 0 && (backoff.polls() & 15) == 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
-      s.fail(Errc::timeout, call,
-             "waited " + std::to_string(timeout) +
-                 " s (UBEP_WAIT_TIMEOUT) for the staged GPU transfers to other nodes; a peer drains and serves them "
-                 "only when it calls into ubep. Still pending:" +
-                 s.staged->pending());
     }
   }
 }

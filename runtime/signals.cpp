@@ -26,7 +26,24 @@ void State::issue_pending_signals() {
   // accumulate_ordering, so earlier signals need no flush).
   std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before MPI signals (mixed routes)
   mpi->flush_data();
-  for (const PendingSignal& p : pending_signals) atomics_of(p.pe).post_signal(atomic_of(p.op), p.offset, p.value, p.pe);
+  // A signal leaves the list as it is issued: one whose MPI call times out stays pending inside MPI and still
+  // completes there, so a later delivery must not issue it again (nor those before it); the ones after it stay.
+  std::size_t issued = 0;
+  try {
+    for (; issued < pending_signals.size(); ++issued) {
+      const PendingSignal p = pending_signals[issued];
+      const std::uint64_t before = mpi->updates_issued();
+      try {
+        atomics_of(p.pe).post_signal(atomic_of(p.op), p.offset, p.value, p.pe);
+      } catch (...) {
+        if (mpi->updates_issued() != before) ++issued;  // handed to MPI before the error: it happens
+        throw;
+      }
+    }
+  } catch (...) {
+    pending_signals.erase(pending_signals.begin(), pending_signals.begin() + static_cast<std::ptrdiff_t>(issued));
+    throw;
+  }
   pending_signals.clear();
 }
 
@@ -53,10 +70,10 @@ void State::apply_sent_signal_messages(const char* call) {
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff(options.poll);
   while (mpi->messages_applied() < expected) {
-    if (mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
-    backoff.pause();
+    if (mpi->deliver(UBEP_SIMGRID != 0) == 0) backoff.pause();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (options.wait_timeout.count() > 0 && waited > options.wait_timeout.count()) {
+    if (mpi->messages_applied() < expected && options.wait_timeout.count() > 0 &&
+        waited > options.wait_timeout.count()) {
       fail(Errc::timeout, call,
            "waited " + std::to_string(waited) + " s for the signal messages the peers sent before this " +
                std::string(call) + ": " + std::to_string(mpi->messages_applied()) + " of " + std::to_string(expected) +
@@ -71,6 +88,8 @@ void State::quiet() {
   load_store->flush_all();
   if (ucx) ucx->flush_all();
   if (mpi) mpi->flush_all();
+  // Every atomic of this rank is complete: a later one of another kind on the same word cannot overlap them.
+  atomic_family.clear();
 }
 
 namespace {
@@ -172,22 +191,25 @@ void poll_until(State& s, const char* call, const WaitOptions& opts, Ready&& rea
   std::chrono::steady_clock::time_point start{};
   Backoff backoff(s.options.poll);
   const bool messages = s.mpi && s.mpi->signal_messages();
+  std::uint64_t turns = 0;  // every 16th turn checks the deadline, whatever arrived (a busy peer cannot delay it)
   for (;;) {
     if (ready()) {
       if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
       return;
     }
-    // Signals as messages: each one applied may be what this wait needs. In SimGrid builds the rank
-    // blocks until one arrives (a poll would never yield to the simulation; SimGrid reports a deadlock
-    // when every rank blocks): no deadline there.
-    if (messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0) continue;
-    if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
-    if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
-    if (backoff.pause()) {
-      if (s.mpi && !messages) s.mpi->progress(s.comm);         // messages: deliver() progressed
-      if (s.device_window) s.device_window->progress(s.comm);  // peers' RMA on the GPU heap's window
+    // Signals as messages: each one applied may be what this wait needs (look again at once, without a
+    // pause). In SimGrid builds the rank blocks until one arrives (a poll would never yield to the
+    // simulation; SimGrid reports a deadlock when every rank blocks): no deadline there.
+    const bool delivered = messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0;
+    if (!delivered) {
+      if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
+      if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
+      if (backoff.pause()) {
+        if (s.mpi && !messages) s.mpi->progress(s.comm);         // messages: deliver() progressed
+        if (s.device_window) s.device_window->progress(s.comm);  // peers' RMA on the GPU heap's window
+      }
     }
-    if (timeout > 0 && (backoff.polls() & 15) == 0) {
+    if (timeout > 0 && (++turns & 15) == 0) {
       const auto now = std::chrono::steady_clock::now();
       if (start == std::chrono::steady_clock::time_point{}) start = now;
       const double waited = std::chrono::duration<double>(now - start).count();
@@ -257,17 +279,24 @@ void State::put_signal_checked(std::size_t off, const void* src, std::size_t byt
   at.post_signal(atomic_of(op), soff, value, pe);
 }
 
-void State::signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe) {
-  if (char* m = mapped_signals[pe]; m != nullptr && !ucx) {  // with UCX, ucx-route puts are ordered first
+void State::signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe, bool after_every_put) {
+  // Ordered after this rank's puts to every peer (after_every_put; context.hpp, signal_op): UCX orders only the
+  // stream to one peer, so the data still in flight to the other ucx peers is flushed first (one round trip for
+  // all of them). Not for a signal to this rank itself: its own word, which it observes itself, after its own
+  // puts to itself (complete on return, or earlier in its ucx stream to itself).
+  const bool order = after_every_put && ucx && pe != rank;
+  if (char* m = mapped_signals[pe]; m != nullptr && !order) {
     apply_posted(m, soff, atomic_of(op), value);
     return;
   }
   Transport& at = atomics_of(pe);
-  // Ordered after this rank's puts to every peer: UCX orders only the stream to one peer, so the data
-  // still in flight to the other ucx peers is flushed first (one round trip for all of them).
-  if (ucx) {
+  if (order) {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before a UCX signal
     ucx->order_before_signal(pe);
+    if (char* m = mapped_signals[pe]) {
+      apply_posted(m, soff, atomic_of(op), value);
+      return;
+    }
   }
   if (&at != mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
     at.post_signal(atomic_of(op), soff, value, pe);

@@ -99,7 +99,8 @@ class State {
   };
   std::vector<PendingSignal> pending_signals;
 
-  /// Atomics through MPI: the kind this rank used on each target word, key offset * size + pe.
+  /// Atomics through MPI: the kind of this rank's non-fetching atomics (add, set) in flight on each target word,
+  /// key offset * size + pe; forgotten when quiet() or flush(pe) completes them.
   std::map<std::uint64_t, AtomicFamily> atomic_family;
 
   Topology topology;
@@ -109,6 +110,8 @@ class State {
 
   std::thread progress_thread;
   std::atomic<bool> progress_stop{false};
+  int progress_wake_fd = -1;           // the ucx thread's stop signal (an eventfd it polls beside UCX's)
+  std::string progress_kind = "none";  // what the progress thread does, for info()
 
   /// The stream-ordered calls' registrations and wait slots (runtime/stream.cpp); null until the first one.
   std::unique_ptr<GpuStreams> gpu_streams;
@@ -197,9 +200,13 @@ class State {
     if (bytes) std::memcpy(m + off, src, bytes);
     apply_posted(m, soff, atomic_of(op), value);
   }
-  void signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe);
+  /// signal_op's body after its checks. `after_every_put`: ordered after this rank's puts to every peer (signal_op's
+  /// promise; with UCX that may flush the other ucx peers first); false for ubep's own signals that follow only
+  /// local work or this rank's stream to pe (the staged route's credits), which then never wait for a peer.
+  void signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, int pe, bool after_every_put = true);
   /// Checks for an atomic on (addr, pe), delivers deferred signals first, returns the heap offset.
-  std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family);
+  /// `fetching`: complete on return (records no kind; see State::atomic_family).
+  std::size_t prepare_atomic(const char* call, const void* addr, int pe, AtomicFamily family, bool fetching);
   Transport& data_route(int pe) const { return *transport_of[pe]; }
   /// Per peer: its mapped heap when its route is self or shm (a put is a memcpy there), else null.
   std::vector<char*> mapped;

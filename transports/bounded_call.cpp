@@ -101,13 +101,17 @@ void BoundedCaller::wait_done(const char* what, int pe, bool earlier) {
   }
 }
 
-void BoundedCaller::run(const char* what, int pe, std::function<void()> fn) {
-  if (!bounded_) return fn();
+void BoundedCaller::run(const char* what, int pe, std::function<void()> fn, bool* started) {
+  if (!bounded_) {
+    if (started) *started = true;
+    return fn();
+  }
   wait_done(what, pe, true);  // an earlier call that timed out must finish before the next one starts
   shared_->job = std::move(fn);
   shared_->error = nullptr;
   shared_->what = what;
   shared_->pe = pe;
+  if (started) *started = true;
   shared_->posted.fetch_add(1, std::memory_order_release);
   shared_->posted.notify_one();
   wait_done(what, pe, false);

@@ -35,7 +35,9 @@ class BoundedCaller {
   /// Errc::timeout, naming `what` (the MPI call) and `pe`, when it has not returned by the deadline.
   /// Buffers that `fn` writes after a timeout must belong to `fn` itself (captured by value), never to
   /// the caller's stack: use scratch() for results.
-  void run(const char* what, int pe, std::function<void()> fn);
+  /// `started`, when given, is set once `fn` has been handed to MPI (posted to the worker, or run inline): from
+  /// then on its operation happens, even if this call throws a timeout.
+  void run(const char* what, int pe, std::function<void()> fn, bool* started = nullptr);
   /// Eight words owned by the worker's shared state: the results of a fetching atomic land here, so a
   /// call that completes after its caller timed out writes into live memory.
   std::uint64_t* scratch() noexcept;

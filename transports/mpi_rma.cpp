@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "base/mpi_check.hpp"
+#include "base/poll.hpp"
+#include "ubep/error.hpp"
 
 namespace ubep::detail {
 namespace {
@@ -15,7 +18,7 @@ constexpr std::uint64_t kWake = 0xff;  // a message that changes no word: an ato
 
 MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
                                  std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout,
-                                 const PollPolicy& poll, MPI_Comm chan, char* base)
+                                 const PollPolicy& poll, MPI_Comm chan, char* base, std::size_t heap_bytes)
     : win_(win),
       rank_(rank),
       dirty_(nranks, 0),
@@ -27,7 +30,10 @@ MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_
       blocking_(bounded, timeout, poll, rank),
       chan_(chan),
       base_(base),
-      sent_(nranks, 0) {
+      sent_(nranks, 0),
+      heap_bytes_(heap_bytes),
+      timeout_(timeout),
+      poll_(poll) {
   if (all) bounded_.assign(nranks, 1);
 }
 
@@ -38,7 +44,95 @@ void MpiRmaTransport::close() noexcept {
     MPI_Cancel(&recv_);
     MPI_Wait(&recv_, MPI_STATUS_IGNORE);
   }
+  // Sends their targets never received (finalize() applies every message first, so only after a failure): MPI
+  // owns them; their buffers stay allocated for the life of the process.
+  for (std::size_t i = 0; i < send_reqs_.size(); ++i) {
+    int done = 0;
+    if (send_reqs_[i] != MPI_REQUEST_NULL && MPI_Test(&send_reqs_[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
+      continue;
+    if (send_reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&send_reqs_[i]);
+    (void)send_bufs_[i].release();
+  }
+  send_reqs_.clear();
+  send_bufs_.clear();
+  send_to_.clear();
   chan_ = MPI_COMM_NULL;
+}
+
+std::size_t MpiRmaTransport::reap_messages(const char* what) {
+  if (send_reqs_.empty()) return 0;
+  int done = 0;
+  UBEP_MPI_CHECK(rank_, what,
+                 MPI_Testall(static_cast<int>(send_reqs_.size()), send_reqs_.data(), &done, MPI_STATUSES_IGNORE));
+  if (done) {
+    for (auto& b : send_bufs_) free_bufs_.push_back(std::move(b));
+    send_reqs_.clear();
+    send_bufs_.clear();
+    send_to_.clear();
+    return 0;
+  }
+  // Some are still in flight: keep those (MPI_Testall leaves the completed ones as MPI_REQUEST_NULL? not
+  // promised when it returns false, so test them one by one).
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < send_reqs_.size(); ++i) {
+    int one = send_reqs_[i] == MPI_REQUEST_NULL ? 1 : 0;
+    if (!one) UBEP_MPI_CHECK(rank_, what, MPI_Test(&send_reqs_[i], &one, MPI_STATUS_IGNORE));
+    if (one) {
+      free_bufs_.push_back(std::move(send_bufs_[i]));
+      continue;
+    }
+    send_reqs_[kept] = send_reqs_[i];
+    send_bufs_[kept] = std::move(send_bufs_[i]);
+    send_to_[kept] = send_to_[i];
+    ++kept;
+  }
+  send_reqs_.resize(kept);
+  send_bufs_.resize(kept);
+  send_to_.resize(kept);
+  return kept;
+}
+
+void MpiRmaTransport::send_message(std::uint64_t offset, std::uint64_t op, std::uint64_t value, int pe,
+                                   const char* what) {
+  std::string late;  // the deadline passed waiting for a free send: said after this one went out
+  if (send_reqs_.size() >= kMaxSignalSends && reap_messages(what) >= kMaxSignalSends) {
+    const auto start = std::chrono::steady_clock::now();
+    Backoff backoff(poll_);
+    while (reap_messages(what) >= kMaxSignalSends) {
+      int flag = 0;  // MPI's progress: a peer's sends to this rank complete too (it may wait for them)
+      UBEP_MPI_CHECK(rank_, what, MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, chan_, &flag, MPI_STATUS_IGNORE));
+      backoff.pause();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_.count() > 0 && waited > timeout_.count()) {
+        std::vector<int> behind;
+        for (int to : send_to_) {
+          if (std::find(behind.begin(), behind.end(), to) == behind.end()) behind.push_back(to);
+        }
+        std::string ranks;
+        for (int to : behind) ranks += " " + std::to_string(to);
+        late = std::to_string(send_reqs_.size()) + " signal messages still unreceived after " + std::to_string(waited) +
+               " s (UBEP_WAIT_TIMEOUT), to rank" + ranks +
+               ", not progressing MPI (stalled, dead, or computing without calling ubep); this signal to rank " +
+               std::to_string(pe) + " was sent all the same (none is lost)";
+        break;
+      }
+    }
+  }
+  std::unique_ptr<std::array<std::uint64_t, 3>> buf;
+  if (free_bufs_.empty()) {
+    buf = std::make_unique<std::array<std::uint64_t, 3>>();
+  } else {
+    buf = std::move(free_bufs_.back());
+    free_bufs_.pop_back();
+  }
+  *buf = {offset, op, value};
+  MPI_Request req = MPI_REQUEST_NULL;
+  UBEP_MPI_CHECK(rank_, what, MPI_Isend(buf->data(), 3, MPI_UINT64_T, pe, kSignalTag, chan_, &req));
+  send_reqs_.push_back(req);
+  send_bufs_.push_back(std::move(buf));
+  send_to_.push_back(pe);
+  ++sent_[pe];
+  if (!late.empty()) throw Error(Errc::timeout, "ubep: rank " + std::to_string(rank_) + ": " + what + ": " + late);
 }
 
 std::size_t MpiRmaTransport::deliver(bool block) {
@@ -50,27 +144,43 @@ std::size_t MpiRmaTransport::deliver(bool block) {
                      MPI_Irecv(inbox_, 3, MPI_UINT64_T, MPI_ANY_SOURCE, kSignalTag, chan_, &recv_));
     }
     int done = 0;
+    MPI_Status st{};
     if (block && n == 0) {
-      UBEP_MPI_CHECK(rank_, "signal (wait for a message)", MPI_Wait(&recv_, MPI_STATUS_IGNORE));
+      UBEP_MPI_CHECK(rank_, "signal (wait for a message)", MPI_Wait(&recv_, &st));
       done = 1;
     } else {
-      UBEP_MPI_CHECK(rank_, "signal (receive)", MPI_Test(&recv_, &done, MPI_STATUS_IGNORE));
+      UBEP_MPI_CHECK(rank_, "signal (receive)", MPI_Test(&recv_, &done, &st));
     }
     if (!done) return n;
-    // The sender checked the offset against the heap (check_word): a whole, aligned word.
-    if (inbox_[1] != kWake) apply_posted(base_, inbox_[0], static_cast<AtomicOp>(inbox_[1]), inbox_[2]);
     ++applied_;
     ++n;
+    // A message is input: its word must be a whole, aligned word of this heap, its op a signal's (or the wake).
+    const std::uint64_t off = inbox_[0], op = inbox_[1];
+    if (op != kWake) {
+      const bool bad_op =
+          op != static_cast<std::uint64_t>(AtomicOp::add) && op != static_cast<std::uint64_t>(AtomicOp::set);
+      if (bad_op || off % 8 != 0 || off > heap_bytes_ || heap_bytes_ - off < 8) {
+        throw Error(Errc::protocol,
+                    "ubep: rank " + std::to_string(rank_) + ": signal (message): a signal message from rank " +
+                        std::to_string(st.MPI_SOURCE) + " breaks the protocol: " +
+                        (bad_op ? "field 'op' = " + std::to_string(op) + ": a signal is add or set"
+                                : "field 'offset' = " + std::to_string(off) + ": not an aligned word of the " +
+                                      std::to_string(heap_bytes_) + "-byte heap") +
+                        "; it was dropped");
+      }
+      apply_posted(base_, off, static_cast<AtomicOp>(op), inbox_[2]);
+    }
     if (block) return n;  // the caller checks its condition before waiting again
   }
 }
 
-void MpiRmaTransport::blocking(const char* what, int pe, bool always, std::function<void()> fn) {
+void MpiRmaTransport::blocking(const char* what, int pe, bool always, std::function<void()> fn, bool* started) {
   // Handing a call to the worker costs a thread switch (several microseconds on a shared core): only
   // calls that can wait for the target pay it.
   if (always || bounded_[pe]) {
-    blocking_.run(what, pe, std::move(fn));
+    blocking_.run(what, pe, std::move(fn), started);
   } else {
+    if (started) *started = true;
     fn();
   }
 }
@@ -213,9 +323,7 @@ void MpiRmaTransport::wake(int pe) {
   // complete at pe, tell it to look again. Real MPI builds poll the word and need no message.
   if (!UBEP_SIMGRID || chan_ == MPI_COMM_NULL) return;
   flush(pe);
-  const std::uint64_t msg[3] = {0, kWake, 0};
-  UBEP_MPI_CHECK(rank_, "atomic (wake message)", MPI_Send(msg, 3, MPI_UINT64_T, pe, kSignalTag, chan_));
-  ++sent_[pe];
+  send_message(0, kWake, 0, pe, "atomic (wake message)");
 }
 
 void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
@@ -223,9 +331,23 @@ void MpiRmaTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t
   const MPI_Op mop = op == AtomicOp::add ? MPI_SUM : MPI_REPLACE;
   const auto disp = static_cast<MPI_Aint>(offset);
   // osc ucx takes a remote lock for every accumulate: it can wait for the target like a flush.
-  blocking("MPI_Accumulate", pe, false, [value, mop, disp, pe, win = win_, rank = rank_] {
-    UBEP_MPI_CHECK(rank, "signal/atomic", MPI_Accumulate(value, 1, MPI_UINT64_T, pe, disp, 1, MPI_UINT64_T, mop, win));
-  });
+  bool started = false;
+  try {
+    blocking(
+        "MPI_Accumulate", pe, false,
+        [value, mop, disp, pe, win = win_, rank = rank_] {
+          UBEP_MPI_CHECK(rank, "signal/atomic",
+                         MPI_Accumulate(value, 1, MPI_UINT64_T, pe, disp, 1, MPI_UINT64_T, mop, win));
+        },
+        &started);
+  } catch (...) {
+    if (started) {  // it stays pending inside MPI, and completes there
+      ++updates_issued_;
+      mark(pe, false);
+    }
+    throw;
+  }
+  ++updates_issued_;
   mark(pe, false);
   wake(pe);
 }
@@ -236,9 +358,8 @@ void MpiRmaTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t
     // the word is recorded. MPI_Send of 24 bytes returns once buffered (eager), without the target.
     if (data_dirty_[pe]) flush(pe);
     before_op(pe);
-    const std::uint64_t msg[3] = {offset, static_cast<std::uint64_t>(op), operand};
-    UBEP_MPI_CHECK(rank_, "signal (message)", MPI_Send(msg, 3, MPI_UINT64_T, pe, kSignalTag, chan_));
-    ++sent_[pe];
+    ++updates_issued_;  // send_message sends it even when it then throws
+    send_message(offset, static_cast<std::uint64_t>(op), operand, pe, "signal (message)");
     return;
   }
   if (op != AtomicOp::set || !signal_put_) return post_atomic(op, offset, operand, pe);
@@ -248,6 +369,7 @@ void MpiRmaTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t
   const std::uint64_t* value = prepare_word_update(offset, operand, pe, true);
   UBEP_MPI_CHECK(rank_, "signal",
                  MPI_Put(value, 1, MPI_UINT64_T, pe, static_cast<MPI_Aint>(offset), 1, MPI_UINT64_T, win_));
+  ++updates_issued_;
   mark(pe, false);
 }
 
@@ -302,6 +424,7 @@ void MpiRmaTransport::flush_data() {
 void MpiRmaTransport::progress(MPI_Comm comm) {
   if (chan_ != MPI_COMM_NULL) {  // the receive's test progresses MPI too
     deliver(false);
+    reap_messages("progress");
     return;
   }
   UBEP_MPI_CHECK(rank_, "progress", MPI_Win_sync(win_));

@@ -24,10 +24,14 @@
 //  - the origin buffers of posted accumulates live until a flush; once 4096 are in flight, flush_all().
 //
 // Signals as messages (UBEP_MPI_SIGNAL=message, the default of SimGrid builds): post_signal completes the
-// data to pe as above, then sends {offset, op, value} with MPI_Send on `chan`, a communicator that carries
-// nothing else; the target applies each message to its heap word (a release store or add) in deliver(),
-// which its waits, tests, progress() and barrier() call. MPI keeps messages from one origin in order, so
-// one origin's signals to one word stay in program order. A signal word must then be updated by signals
+// data to pe as above, then sends {offset, op, value} with MPI_Isend on `chan`, a communicator that carries
+// nothing else; the target checks each message (offset inside its heap, aligned, op add or set; the source is
+// MPI's) and applies it to its heap word (a release store or add) in deliver(), which its waits, tests,
+// progress() and barrier() call. MPI keeps messages from one origin in order, so one origin's signals to one
+// word stay in program order. A send never blocks: once kMaxSignalSends sends wait for their targets (a
+// target that does not call MPI), the next one first waits for one of them with the deadline, and when that
+// passes it goes out all the same and throws Errc::timeout naming the targets (no signal is lost, none blocks
+// for longer than the deadline). A signal word must then be updated by signals
 // only (no atomics on it): an applied message is not atomic with an MPI accumulate on that word. In
 // SimGrid builds, where a wait blocks on the next message, every non-fetching atomic (atomic_set,
 // atomic_add) is followed by a flush and a message that changes no word (wake), so that a wait on such a
@@ -36,8 +40,10 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "transports/bounded_call.hpp"
@@ -54,7 +60,7 @@ class MpiRmaTransport final : public Transport {
   /// rank's heap, where they are applied.
   MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
                   std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout, const PollPolicy& poll,
-                  MPI_Comm chan = MPI_COMM_NULL, char* base = nullptr);
+                  MPI_Comm chan = MPI_COMM_NULL, char* base = nullptr, std::size_t heap_bytes = 0);
   ~MpiRmaTransport() override;
   const char* name() const noexcept override { return "mpi"; }
   void put(std::size_t offset, const void* src, std::size_t bytes, int pe) override;
@@ -79,7 +85,11 @@ class MpiRmaTransport final : public Transport {
   /// Returns how many it applied. Without signal messages: 0.
   std::size_t deliver(bool block);
   bool signal_messages() const noexcept { return chan_ != MPI_COMM_NULL; }
-  /// Cancels the posted receive of signal messages (before the communicator is freed). Local.
+  /// Signals and non-fetching atomics handed to MPI so far (the call that issues them started, whether or not
+  /// it then completed within the deadline): a deferred signal counted here is never issued again.
+  std::uint64_t updates_issued() const noexcept { return updates_issued_; }
+  /// Cancels the posted receive of signal messages (before the communicator is freed); sends still unreceived
+  /// are left to MPI (their buffers kept). Local.
   void close() noexcept;
   /// Signal messages sent to each peer and applied here, since the start (barrier() matches them up).
   const std::vector<std::uint64_t>& messages_sent() const noexcept { return sent_; }
@@ -119,7 +129,7 @@ class MpiRmaTransport final : public Transport {
   };
   std::vector<std::vector<WordUpdate>> word_updates_;  // per pe: updated words in flight
   /// Runs a blocking MPI call on `pe` with the deadline where the policy says so, inline otherwise.
-  void blocking(const char* what, int pe, bool always, std::function<void()> fn);
+  void blocking(const char* what, int pe, bool always, std::function<void()> fn, bool* started = nullptr);
   std::vector<std::uint8_t> bounded_;  // per pe: flushes and accumulates get the deadline
   BoundedCaller blocking_;
   // Signals as messages.
@@ -129,6 +139,20 @@ class MpiRmaTransport final : public Transport {
   std::uint64_t inbox_[3] = {0, 0, 0};   // offset, op (AtomicOp), value
   std::vector<std::uint64_t> sent_;
   std::uint64_t applied_ = 0;
+  std::size_t heap_bytes_ = 0;  // this rank's heap: a message's word must lie inside it
+  std::uint64_t updates_issued_ = 0;
+  /// Sends in flight (MPI_Isend): requests, their buffers and targets, in parallel.
+  static constexpr std::size_t kMaxSignalSends = 4096;
+  std::vector<MPI_Request> send_reqs_;
+  std::vector<std::unique_ptr<std::array<std::uint64_t, 3>>> send_bufs_;
+  std::vector<int> send_to_;
+  std::vector<std::unique_ptr<std::array<std::uint64_t, 3>>> free_bufs_;
+  std::chrono::duration<double> timeout_;
+  const PollPolicy& poll_;
+  /// Sends {offset, op, value} to pe (see "Signals as messages").
+  void send_message(std::uint64_t offset, std::uint64_t op, std::uint64_t value, int pe, const char* what);
+  /// Frees the buffers of completed sends; returns how many are still in flight.
+  std::size_t reap_messages(const char* what);
 };
 
 }  // namespace ubep::detail

@@ -93,7 +93,8 @@ sockaddr_un address(std::uint64_t tag, int r, socklen_t& len) {
 }  // namespace
 
 std::vector<int> exchange_node_fds(MPI_Comm node_comm, int my_fd, int world_rank, const char* call,
-                                   std::chrono::duration<double> timeout) {
+                                   std::chrono::duration<double> timeout,
+                                   const std::function<void(const std::string&)>& on_listen) {
   const Exchange ex{world_rank, call};
   int n = 0, me = 0;
   UBEP_MPI_CHECK(world_rank, call, MPI_Comm_size(node_comm, &n));
@@ -122,6 +123,17 @@ std::vector<int> exchange_node_fds(MPI_Comm node_comm, int my_fd, int world_rank
   UBEP_MPI_CHECK(world_rank, call, MPI_Ibcast(&buf->tag, 1, MPI_UINT64_T, 0, node_comm, &buf->req));
   ex.wait(buf, "MPI_Ibcast (the socket names)", timeout);
   const std::uint64_t tag = buf->tag;
+  // Who may connect: the node ranks' pids (SO_PEERCRED names the process at the other end of a connection).
+  auto pids = std::make_unique<std::vector<std::int64_t>>(static_cast<std::size_t>(n) + 1, 0);
+  (*pids)[static_cast<std::size_t>(n)] = static_cast<std::int64_t>(::getpid());
+  UBEP_MPI_CHECK(world_rank, call,
+                 MPI_Iallgather(pids->data() + n, 1, MPI_INT64_T, pids->data(), 1, MPI_INT64_T, node_comm, &buf->req));
+  try {
+    ex.wait(buf, "MPI_Iallgather (the node ranks' pids)", timeout);
+  } catch (...) {
+    (void)pids.release();  // MPI still writes into it
+    throw;
+  }
 
   Fds listener(1);
   listener[0] = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -129,7 +141,8 @@ std::vector<int> exchange_node_fds(MPI_Comm node_comm, int my_fd, int world_rank
   socklen_t len = 0;
   sockaddr_un self = address(tag, me, len);
   if (::bind(listener[0], reinterpret_cast<sockaddr*>(&self), len) != 0) ex.sys_fail("bind (abstract socket)");
-  if (::listen(listener[0], n) != 0) ex.sys_fail("listen");
+  if (::listen(listener[0], n + 16) != 0) ex.sys_fail("listen");
+  if (on_listen) on_listen("ubep-fds-" + std::to_string(tag) + "-" + std::to_string(me));
   // Every rank listens before any connects (a connect then never blocks: the backlog holds every peer).
   UBEP_MPI_CHECK(world_rank, call, MPI_Ibarrier(node_comm, &buf->req));
   ex.wait(buf, "MPI_Ibarrier (every rank listens)", timeout);
@@ -167,6 +180,8 @@ std::vector<int> exchange_node_fds(MPI_Comm node_comm, int my_fd, int world_rank
   std::vector<bool> got(static_cast<std::size_t>(n), false);
   got[static_cast<std::size_t>(me)] = true;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const uid_t uid = ::geteuid();
+  std::size_t intruders = 0;  // connections of processes other than the node ranks, closed unread
   for (int received = 0; received < n - 1;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -180,13 +195,25 @@ std::vector<int> exchange_node_fds(MPI_Comm node_comm, int my_fd, int world_rank
       for (int p = 0; p < n; ++p) {
         if (!got[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
       }
-      throw Error(Errc::timeout, message_prefix(world_rank, call) + "waited " + std::to_string(timeout.count()) +
-                                     " s (UBEP_WAIT_TIMEOUT) for the fds of node ranks " + missing + " of " +
-                                     std::to_string(n));
+      throw Error(Errc::timeout,
+                  message_prefix(world_rank, call) + "waited " + std::to_string(timeout.count()) +
+                      " s (UBEP_WAIT_TIMEOUT) for the fds of node ranks " + missing + " of " + std::to_string(n) +
+                      (intruders ? "; " + std::to_string(intruders) + " connection(s) of other processes were ignored"
+                                 : std::string()));
     }
     Fds conn(1);
     conn[0] = ::accept4(listener[0], nullptr, nullptr, SOCK_CLOEXEC);
     if (conn[0] < 0) ex.sys_fail("accept");
+    // Before reading a byte: the peer process must be ours (uid) and one of the node ranks (pid).
+    ucred cred{};
+    socklen_t cred_len = sizeof cred;
+    if (::getsockopt(conn[0], SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) ex.sys_fail("getsockopt(SO_PEERCRED)");
+    const auto peer = std::find(pids->begin(), pids->begin() + n, static_cast<std::int64_t>(cred.pid));
+    if (cred.uid != uid || peer == pids->begin() + n || peer == pids->begin() + me) {
+      ++intruders;  // closed unread (Fds)
+      continue;
+    }
+    const int peer_rank = static_cast<int>(peer - pids->begin());
     std::int32_t from = -1;
     iovec iov{&from, sizeof from};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -201,12 +228,14 @@ std::vector<int> exchange_node_fds(MPI_Comm node_comm, int my_fd, int world_rank
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
     }
-    if (got_bytes != static_cast<ssize_t>(sizeof from) || from < 0 || from >= n ||
-        got[static_cast<std::size_t>(from)] || (msg.msg_flags & MSG_CTRUNC)) {
+    if (got_bytes != static_cast<ssize_t>(sizeof from) || from != peer_rank || got[static_cast<std::size_t>(from)] ||
+        (msg.msg_flags & MSG_CTRUNC)) {
       if (fd >= 0) ::close(fd);
-      throw Error(Errc::internal, message_prefix(world_rank, call) + "exchanging fds with node peers: a message of " +
-                                      std::to_string(got_bytes) + " bytes claims node rank " + std::to_string(from) +
-                                      " (of " + std::to_string(n) + "), which is not a peer still expected");
+      throw Error(Errc::protocol, message_prefix(world_rank, call) + "exchanging fds with node peers: a message of " +
+                                      std::to_string(got_bytes) + " bytes from node rank " + std::to_string(peer_rank) +
+                                      " (pid " + std::to_string(cred.pid) + ") claims node rank " +
+                                      std::to_string(from) + " (of " + std::to_string(n) +
+                                      "), which is not that peer, or its fd came already");
     }
     got[static_cast<std::size_t>(from)] = true;
     out[static_cast<std::size_t>(from)] = fd;

@@ -49,7 +49,7 @@ bool Origin::progress() {
   bool changed = false;
   for (int slot : wire_.credits()) {
     if (slot < 0 || slot >= static_cast<int>(slots_.size()) || slots_[slot].state != SlotState::sent) {
-      throw Error(Errc::internal,
+      throw Error(Errc::protocol,
                   "ubep: GPU staging: a credit for slot " + std::to_string(slot) + ", which is not awaiting one");
     }
     slots_[slot].state = SlotState::free;
@@ -117,21 +117,47 @@ Target::Target(Config config, CopyEngine& engine, std::vector<void*> host_slots,
   check_config(config_, slots_.size(), "target");
 }
 
+std::string check_get_request(const GetRequest& q, std::uint64_t expected_seq, std::uint64_t heap_bytes) {
+  if (q.seq != expected_seq) {
+    return "field 'seq' = " + std::to_string(q.seq) + ": expected " + std::to_string(expected_seq);
+  }
+  if (q.src > heap_bytes || q.bytes > heap_bytes - q.src) {
+    return "field 'src' = " + std::to_string(q.src) + ": [src, +" + std::to_string(q.bytes) +
+           " bytes) is outside the " + std::to_string(heap_bytes) + "-byte GPU heap";
+  }
+  if (q.dest & kAbsolute) return "field 'dest' = " + std::to_string(q.dest) + ": has the bit the server sets";
+  return {};
+}
+
 void Target::arrive(int slot, const ChunkHeader& h) {
   const auto bad = [&](const std::string& why) {
-    throw Error(Errc::internal, "ubep: GPU staging: slot " + std::to_string(slot) + ": " + describe(h) + ": " + why);
+    throw Error(Errc::protocol, "ubep: GPU staging: slot " + std::to_string(slot) + ": " + describe(h) + ": " + why);
   };
+  // A transfer id is at most this far ahead of the next one to complete (the origin has at most one per slot in
+  // flight, and ids are consecutive): more is a forged id, which would grow landing_ without bound.
+  constexpr std::uint64_t kWindow = std::uint64_t{1} << 20;
   if (slot < 0 || slot >= static_cast<int>(slots_.size())) bad("no such slot");
   if (busy_[slot]) bad("the slot is still being drained");
-  if (h.bytes > config_.chunk_bytes) bad("larger than a slot (" + std::to_string(config_.chunk_bytes) + " bytes)");
-  if (h.offset + h.bytes > h.total || (h.bytes == 0 && h.total != 0)) bad("past the transfer's end");
-  if (h.transfer < next_complete_) bad("that transfer is complete already");
-  auto [it, fresh] = landing_.try_emplace(h.transfer, Landing{h});
+  if (h.bytes > config_.chunk_bytes) {
+    bad("field 'bytes': larger than a slot (" + std::to_string(config_.chunk_bytes) + " bytes)");
+  }
+  if (h.offset > h.total || h.bytes > h.total - h.offset || (h.bytes == 0 && h.total != 0)) {
+    bad("field 'offset': past the transfer's end");
+  }
+  if (h.transfer < next_complete_) bad("field 'transfer': that transfer is complete already");
+  if (h.transfer - next_complete_ >= kWindow) bad("field 'transfer': too far ahead of the transfers in flight");
+  auto it = landing_.find(h.transfer);
+  if (it == landing_.end()) {
+    if (check_dest_) {
+      if (const std::string why = check_dest_(h); !why.empty()) bad(why);
+    }
+    it = landing_.emplace(h.transfer, Landing{h}).first;
+  }
   Landing& l = it->second;
-  if (!fresh && (l.first.total != h.total || l.first.dest != h.dest || l.first.signal != h.signal)) {
+  if (l.first.total != h.total || l.first.dest != h.dest || l.first.signal != h.signal) {
     bad("its total, destination or signal differ from the transfer's first chunk");
   }
-  if (l.arrived + h.bytes > h.total) bad("more bytes than the transfer holds arrived");
+  if (h.bytes > h.total - l.arrived) bad("more bytes than the transfer holds arrived");
   const CopyEngine::Ticket t = engine_.to_device(reinterpret_cast<void*>(h.dest + h.offset), slots_[slot], h.bytes);
   l.arrived += h.bytes;
   busy_[slot] = true;

@@ -55,6 +55,23 @@ class Wire {
   virtual std::vector<int> credits() = 0;
 };
 
+/// A destination with this bit is an address in the target's own memory (a get's reply), else an offset in its
+/// GPU heap. User-space addresses are below 2^57 on every 64-bit platform CUDA runs on.
+inline constexpr std::uint64_t kAbsolute = std::uint64_t{1} << 63;
+
+/// A get request, as it travels (one put into the server's ring).
+struct GetRequest {
+  std::uint64_t src = 0;    ///< offset in the server's GPU heap
+  std::uint64_t bytes = 0;  ///< to send
+  std::uint64_t dest = 0;   ///< address in the requester's memory (host or GPU)
+  std::uint64_t seq = 0;    ///< per (requester, server) pair: 1, 2, ...
+};
+
+/// A get request read from the server's ring, checked before the server serves it: its sequence number the one
+/// expected, [src, src + bytes) inside the `heap_bytes`-byte GPU heap, dest not marked kAbsolute (the server
+/// marks it). Empty when valid, else what is wrong, naming the field.
+std::string check_get_request(const GetRequest& q, std::uint64_t expected_seq, std::uint64_t heap_bytes);
+
 struct Config {
   std::size_t chunk_bytes = 1u << 20;  ///< bytes per chunk and per slot
   int slots = 4;                       ///< host slots per (origin, target) pair: the chunks in flight
@@ -108,10 +125,15 @@ class Target {
  public:
   Target(Config config, CopyEngine& engine, std::vector<void*> host_slots, std::function<void(int)> credit,
          std::function<void(const ChunkHeader&)> complete);
-  /// A chunk is in `slot` (its data visible before its header), in any order. Throws ubep::Error (internal)
-  /// on a slot out of range or still busy, a chunk larger than a slot or past its transfer's end, a transfer
-  /// already completed, or a header that contradicts the transfer's earlier chunks (total, dest, signal).
+  /// A chunk is in `slot` (its data visible before its header), in any order. The header is the origin's, so
+  /// untrusted: throws ubep::Error (protocol, naming the field) on a slot out of range or still busy, a chunk
+  /// larger than a slot or past its transfer's end, a transfer already completed or too far ahead, a header that
+  /// contradicts the transfer's earlier chunks (total, dest, signal), or a destination that check_dest refuses;
+  /// nothing is copied then.
   void arrive(int slot, const ChunkHeader& h);
+  /// Where a transfer may land: returns an empty string for a header whose [dest, dest + total) the target owns
+  /// (checked at a transfer's first chunk), else why not. None set: every destination is taken.
+  void set_dest_check(std::function<std::string(const ChunkHeader&)> check) { check_dest_ = std::move(check); }
   bool progress();
   bool idle() const;
 
@@ -127,6 +149,7 @@ class Target {
   std::vector<bool> busy_;
   std::function<void(int)> credit_;
   std::function<void(const ChunkHeader&)> complete_;
+  std::function<std::string(const ChunkHeader&)> check_dest_;
   std::deque<Busy> copying_;
   // Bytes on the device per unfinished transfer. Transfers complete in id order whatever order their chunks
   // arrive and land in (ids are consecutive per origin), so signals become visible in the origin's put order.

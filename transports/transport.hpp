@@ -85,6 +85,9 @@ class Transport {
   /// Lets the transport make progress (run arrived messages, answer peers); the runtime calls it from
   /// every wait, poll and collective. A no-op for transports that need no help from this rank's CPU.
   virtual void poll() {}
+  /// poll() for a caller that must not be interrupted (a collective's wait, a progress thread): an error is kept
+  /// and thrown by the next operation or poll() instead.
+  virtual void poll_keeping_errors() noexcept {}
   /// The transport and its settings in one line, for ubep-info.
   virtual std::string describe() const { return name(); }
   /// How this transport reaches `pe` (mode, lanes) in one line, for ubep-info; empty when nothing to say.

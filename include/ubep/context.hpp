@@ -139,6 +139,10 @@ struct RuntimeInfo {
   /// reports them, e.g. "am (auto: no lane has hardware RMA and atomics); lanes tcp/eth0.0[rma_bw am
   /// am_bw wireup]". Empty otherwise. (UCX reaches every peer when the atomics go through it.)
   std::vector<std::string> ucx_peers;
+  /// This rank's progress thread: "none" (UBEP_PROGRESS_THREAD=0, or auto without UCX in use), "ucx: ..." (auto
+  /// with UCX in use: the thread that sleeps on UCX's event fd and wakes when a message arrives) or "full: ..."
+  /// (UBEP_PROGRESS_THREAD=1: MPI, UCX and the staged GPU route every UBEP_PROGRESS_INTERVAL_US).
+  std::string progress_thread;
   /// The symmetric GPU heap (Context::alloc_device): "not created (...)" before the first alloc_device, then
   /// its size, device and how the node shares it.
   std::string gpu_heap;
@@ -581,6 +585,7 @@ class Context {
   RuntimeInfo info() const;
 
  private:
+  friend struct detail::TestAccess;
   std::shared_ptr<detail::State> state_ptr() const;
   void* alloc_bytes(std::size_t count, std::size_t elem_size, std::size_t align);
   void* alloc_device_bytes(std::size_t count, std::size_t elem_size, std::size_t align);

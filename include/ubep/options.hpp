@@ -48,10 +48,18 @@ struct Options {
   /// peer (where UCX has no hardware lane for them it emulates them in software, which needs the
   /// target's progress and is slower than am: for testing). See README, "The ucx route".
   std::string ucx_mode = "auto";
-  /// UBEP_PROGRESS_THREAD: 1 starts a thread that calls into MPI while the application computes, so
-  /// RMA aimed at this rank keeps completing; it also drives the UCX worker, and the staged GPU route where the
-  /// ranks of other nodes are on the ucx route. Needs MPI_THREAD_MULTIPLE. Default 0.
+  /// UBEP_PROGRESS_THREAD (collective): "auto" (default), "1" or "0".
+  /// 1 sets this: a thread that calls into MPI every UBEP_PROGRESS_INTERVAL_US while the application computes,
+  /// so RMA aimed at this rank keeps completing; it also drives the UCX worker, and the staged GPU route where the
+  /// ranks of other nodes are on the ucx route. Needs MPI_THREAD_MULTIPLE. Default false.
   bool progress_thread = false;
+  /// Set by UBEP_PROGRESS_THREAD=auto (the default) and 1, cleared by 0. Where UCX is in use (some peer on the ucx
+  /// route) and progress_thread is false, a thread that sleeps on the UCX worker's event file descriptor
+  /// (ucp_worker_arm) and wakes only when a message arrives for this rank: it runs the handlers (data, signals,
+  /// atomics), answers gets, fetching atomics and flushes, and drives the staged GPU route, so a peer's quiet(),
+  /// get or atomic completes while this rank computes or sits in a plain MPI call. It calls no MPI (any thread
+  /// level); an idle job wakes it about once a second. README, "The ucx route".
+  bool ucx_progress_thread = true;
   /// UBEP_GPU: 1 initializes CUDA when a Context is created (ubep::gpu_status()), and every rank's
   /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.
   /// 0 (default): libubep leaves CUDA untouched until something asks for a GPU. Must match on every rank.

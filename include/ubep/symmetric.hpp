@@ -14,6 +14,7 @@ namespace ubep {
 
 namespace detail {
 class State;
+struct TestAccess;  // ubep's own tests: the internals behind a Context (tests/mpi/test_access.hpp)
 /// Local (non-collective, non-throwing) release of a symmetric object; used by destructors.
 void release_symmetric(State& state, void* ptr) noexcept;
 void free_symmetric(State& state, void* ptr);

@@ -120,6 +120,7 @@ void check_round_trip(const ubep::Options& o) {
                   "poll");
   UBEP_FUZZ_CHECK(b.transports == o.transports, "transports");
   UBEP_FUZZ_CHECK(b.progress_thread == o.progress_thread, "progress_thread");
+  UBEP_FUZZ_CHECK(b.ucx_progress_thread == o.ucx_progress_thread, "ucx_progress_thread");
   UBEP_FUZZ_CHECK(b.progress_interval_us == o.progress_interval_us, "progress_interval_us");
   UBEP_FUZZ_CHECK(b.virtual_nodes == o.virtual_nodes, "virtual_nodes");
   UBEP_FUZZ_CHECK(b.schedule == o.schedule, "schedule");

@@ -432,6 +432,7 @@ TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
 TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
   Options o = staged_options();
   o.wait_timeout = std::chrono::seconds(1);
+  o.progress_thread = o.ucx_progress_thread = false;  // UBEP_PROGRESS_THREAD=0: the target's thread is its only one
   Context ctx(MPI_COMM_WORLD, o);
   if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;

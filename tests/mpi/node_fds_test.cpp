@@ -1,12 +1,16 @@
 // exchange_node_fds (transports/node_fds.hpp): the fd exchange node peers will use for the GPU heap (issue 15),
 // tested with memfds: every peer's memory mapped through the fd it sent, -1 for "none", a closed fd failing
-// every rank together before anything is sent, and no fd left open after many exchanges.
+// every rank together before anything is sent, no fd left open after many exchanges, and a local process that is
+// not a node rank ignored (issue 34: SO_PEERCRED) even when it connects first and claims to be a peer.
 #include "transports/node_fds.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -127,6 +131,59 @@ TEST(NodeFds, AClosedFdFailsEveryRankTogetherAndLosesNothing) {
   }
   ::close(good);
   if (mine != closed) ::close(mine);
+}
+
+// Sends {claimed node rank, fd} to the abstract socket `name` as a node peer would; 0 when it went out.
+int send_claim(const std::string& name, std::int32_t claimed, int fd) {
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return 1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) return 2;
+  iovec iov{&claimed, sizeof claimed};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return ::sendmsg(s, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof claimed) ? 0 : 3;
+}
+
+// Any local process can read the socket's name in /proc/net/unix and connect. One that is not a node rank (a child
+// process, so another pid) connects to node rank 0's socket before every peer, claiming to be node rank 1, with an
+// fd of other memory: the exchange must close it unread and take node rank 1's real fd. Before: the forged fd was
+// taken for node rank 1, and rank 1's real message then failed the exchange.
+TEST(NodeFds, OtherLocalProcessesAreIgnored) {
+  Node node;
+  if (node.size < 2) GTEST_SKIP() << "needs two ranks on one node";
+  const int mine = memfd_with_pattern(node.rank);
+  const int forged = memfd_with_pattern(1000);
+  int intruder_rc = -1;
+  const auto intrude = [&](const std::string& name) {
+    if (node.rank != 0) return;
+    const pid_t child = ::fork();
+    if (child == 0) _exit(send_claim(name, 1, forged));
+    int status = 0;
+    ::waitpid(child, &status, 0);  // its connection waits in the backlog before any peer's
+    intruder_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+  };
+  std::vector<int> fds = detail::exchange_node_fds(node.comm, mine, node.world, "test", kTimeout, intrude);
+  if (node.rank == 0) EXPECT_EQ(intruder_rc, 0) << "the intruder could not connect: the test proves nothing";
+  ASSERT_EQ(fds.size(), static_cast<std::size_t>(node.size));
+  for (int r = 0; r < node.size; ++r) {
+    expect_pattern(fds[r], r);
+    ::close(fds[r]);
+  }
+  ::close(mine);
+  ::close(forged);
 }
 
 TEST(NodeFds, ManyExchangesLeaveNoFdOpen) {

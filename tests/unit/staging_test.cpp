@@ -226,7 +226,7 @@ TEST(Staging, BadConfigsAndContradictoryChunksAreRejected) {
       t.arrive(slot, h);
       ADD_FAILURE() << "accepted: " << why;
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Errc::internal);
+      EXPECT_EQ(e.code(), Errc::protocol);  // a header is the peer's: a protocol violation
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
@@ -236,6 +236,19 @@ TEST(Staging, BadConfigsAndContradictoryChunksAreRejected) {
   t.arrive(0, ChunkHeader{1, 0, 64, 256, d, 0});
   rejects(0, ChunkHeader{1, 64, 64, 256, d, 0}, "still being drained");
   rejects(1, ChunkHeader{1, 64, 64, 512, d, 0}, "differ from the transfer's first chunk");
+  // Issue 34: offsets that wrap around, forged transfer ids, destinations the target does not own.
+  rejects(1, ChunkHeader{2, ~std::uint64_t{0} - 8, 64, 256, d, 0}, "past the transfer's end");
+  rejects(1, ChunkHeader{std::uint64_t{1} << 40, 0, 64, 256, d, 0}, "too far ahead");
+  t.set_dest_check([&](const ChunkHeader& h) {
+    return h.dest == d && h.total <= dst.size() ? std::string() : std::string("field 'dest': not ours");
+  });
+  rejects(1, ChunkHeader{2, 0, 64, 4096, d, 0}, "not ours");
+  rejects(1, ChunkHeader{2, 0, 64, 64, d + 8, 0}, "not ours");
+  EXPECT_EQ(check_get_request(GetRequest{0, 64, 0, 3}, 3, 1024), "");
+  EXPECT_NE(check_get_request(GetRequest{0, 64, 0, 4}, 3, 1024).find("'seq'"), std::string::npos);
+  EXPECT_NE(check_get_request(GetRequest{1000, 64, 0, 3}, 3, 1024).find("'src'"), std::string::npos);
+  EXPECT_NE(check_get_request(GetRequest{8, ~std::uint64_t{0}, 0, 3}, 3, 1024).find("'src'"), std::string::npos);
+  EXPECT_NE(check_get_request(GetRequest{0, 8, kAbsolute | 8, 3}, 3, 1024).find("'dest'"), std::string::npos);
 }
 
 }  // namespace

@@ -15,20 +15,12 @@
 namespace ubep::detail {
 namespace {
 
+using namespace ucx_wire;  // NOLINT: the message kinds
+
 constexpr unsigned kAmId = 7;
 
-// put_signal: the data of put_data, then atomic_post's update of the word at Msg::compare (its offset).
-enum Kind : std::uint8_t {
-  put_data,
-  put_signal,
-  atomic_post,
-  get_req,
-  get_reply,
-  fetch_req,
-  fetch_reply,
-  flush_req,
-  flush_reply
-};
+static_assert(static_cast<int>(AtomicOp::fetch_add) == op_fetch_add && static_cast<int>(AtomicOp::set) == op_set,
+              "the wire's op numbers are AtomicOp's");
 
 std::atomic_ref<std::uint64_t> word(char* base, std::size_t offset) {
   return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base + offset));
@@ -54,14 +46,23 @@ std::uint64_t apply_atomic(std::atomic_ref<std::uint64_t> w, AtomicOp op, std::u
 
 ucs_status_t am_handler(void* arg, const void* header, std::size_t header_length, void* data, std::size_t length,
                         const ucp_am_recv_param_t* param) {
-  UcxTransport::Msg m;
-  if (header_length != sizeof m) return UCS_ERR_INVALID_PARAM;
-  std::memcpy(&m, header, sizeof m);
+  auto* self = static_cast<UcxTransport*>(arg);
+  UcxTransport::Msg m{};
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  return static_cast<UcxTransport*>(arg)->on_message(m, data, length, rndv);
+  if (header_length != sizeof m) {
+    // Not ubep's header: reported as a header whose version is wrong (0), from no known source.
+    m.version = 0;
+    m.src = ~std::uint32_t{0};
+    return self->on_message(m, data, length, rndv);
+  }
+  std::memcpy(&m, header, sizeof m);
+  return self->on_message(m, data, length, rndv);
 }
 
-void ep_error(void*, ucp_ep_h, ucs_status_t) {}  // a peer that closed first: nothing is owed any more
+void ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  const auto* a = static_cast<const UcxTransport::EndpointArg*>(arg);
+  a->self->on_endpoint_error(a->pe, status);
+}
 
 ucs_status_t request_status(void* req) { return req ? ucp_request_check_status(req) : UCS_OK; }
 
@@ -112,7 +113,13 @@ Lanes lanes_of(ucp_ep_h ep) {
 UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::size_t heap_bytes,
                            const std::string& mode, std::chrono::duration<double> timeout, const PollPolicy& poll,
                            bool threaded)
-    : rank_(rank), threaded_(threaded), base_(base), timeout_(timeout), poll_(poll) {
+    : rank_(rank),
+      nranks_(nranks),
+      threaded_(threaded),
+      base_(base),
+      heap_bytes_(heap_bytes),
+      timeout_(timeout),
+      poll_(poll) {
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) fail("ucp_config_read", st);
   // UCX's keepalive (on with peer error handling) declares an endpoint dead when the peer's worker
@@ -121,7 +128,8 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   if (!std::getenv("UCX_KEEPALIVE_INTERVAL")) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM | (mode == "am" ? 0 : UCP_FEATURE_RMA | UCP_FEATURE_AMO64);
+  params.features =
+      UCP_FEATURE_AM | (mode == "am" ? 0 : UCP_FEATURE_RMA | UCP_FEATURE_AMO64) | (threaded ? UCP_FEATURE_WAKEUP : 0);
   const ucs_status_t st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) fail("ucp_init", st);
@@ -129,6 +137,9 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = threaded ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE;
   if (ucs_status_t s = ucp_worker_create(context_, &wparams, &worker_); s != UCS_OK) fail("ucp_worker_create", s);
+  if (threaded) {
+    if (ucs_status_t s = ucp_worker_get_efd(worker_, &efd_); s != UCS_OK) fail("ucp_worker_get_efd", s);
+  }
 
   ucp_am_handler_param_t hp{};
   hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
@@ -150,22 +161,28 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   ucp_worker_release_address(worker_, addr);
 
   eps_.assign(nranks, nullptr);
+  ep_args_.resize(nranks);
   for (int pe = 0; pe < nranks; ++pe) {
+    ep_args_[pe] = {this, pe};
     ucp_ep_params_t ep{};
     ep.field_mask =
         UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(all.data() + displs[pe]);
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = ep_error;
-    ep.err_handler.arg = nullptr;
+    ep.err_handler.arg = &ep_args_[pe];
     if (ucs_status_t s = ucp_ep_create(worker_, &ep, &eps_[pe]); s != UCS_OK) fail("ucp_ep_create", s);
   }
-  backlog_.resize(nranks);
+  sources_.resize(nranks);
+  seq_out_.assign(nranks, 0);
   gets_in_flight_.assign(nranks, 0);
   rdma_unflushed_.assign(nranks, 0);
   dirty_.assign(nranks, 0);
   rdma_.assign(nranks, 0);
   data_dirty_.assign(nranks, 0);
+  failed_.assign(nranks, "");
+  dropped_answers_.assign(nranks, 0);
+  isolated_.assign(nranks, "");
   // Wire-up: one answered request to every peer, so that every endpoint is connected before use (and
   // each rank answers the others' requests while it waits for its own answers).
   for (int pe = 0; pe < nranks; ++pe) mark(pe);
@@ -241,6 +258,25 @@ void UcxTransport::choose_modes(const std::string& mode) {
 }
 
 UcxTransport::~UcxTransport() {
+  // Nothing may land any more: the application may have freed a get's destination already (it did not
+  // finalize), and the heap's owner is going away.
+  closing_ = true;
+  for (auto& [token, p] : pending_) {
+    if (p.req) ucp_request_cancel(worker_, p.req);
+    if (p.desc) ucp_am_data_release(worker_, p.desc);
+    p.desc = nullptr;
+  }
+  for (Source& so : sources_) {
+    for (Incoming& in : so.backlog) {
+      if (in.req) ucp_request_cancel(worker_, in.req);
+      if (in.desc) ucp_am_data_release(worker_, in.desc);
+      in.desc = nullptr;
+    }
+    for (auto& [seq, in] : so.early) {
+      if (in.desc) ucp_am_data_release(worker_, in.desc);
+      in.desc = nullptr;
+    }
+  }
   for (Send& s : sends_) {
     if (s.req) ucp_request_cancel(worker_, s.req);
   }
@@ -261,6 +297,14 @@ UcxTransport::~UcxTransport() {
   for (Send& s : sends_) {
     if (s.req) ucp_request_free(s.req);
   }
+  for (auto& [token, p] : pending_) {
+    if (p.req) ucp_request_free(p.req);
+  }
+  for (Source& so : sources_) {
+    for (Incoming& in : so.backlog) {
+      if (in.req) ucp_request_free(in.req);
+    }
+  }
   if (worker_) ucp_worker_destroy(worker_);
   if (mem_) ucp_mem_unmap(context_, mem_);
   if (context_) ucp_cleanup(context_);
@@ -270,10 +314,55 @@ void UcxTransport::fail(const char* what, ucs_status_t status) const {
   throw Error(Errc::internal, message_prefix(rank_, "ucx") + what + " failed: " + ucs_status_string(status));
 }
 
+// ---- errors: failed and isolated peers -----------------------------------------------------------------
+
+void UcxTransport::keep_error(std::exception_ptr error) {
+  if (!kept_) kept_ = std::move(error);
+}
+
+void UcxTransport::raise_kept() {
+  if (kept_ && !in_thread_) std::rethrow_exception(std::exchange(kept_, nullptr));
+}
+
+void UcxTransport::on_endpoint_error(int pe, ucs_status_t status) {
+  // Also how a peer that finalized first looks (it closed its endpoints): no error of its own, only what an
+  // operation to the peer then gets (check_peer), and the answers owed to it (drain) that cannot go.
+  if (closing_ || !failed_[pe].empty()) return;
+  failed_[pe] = std::string("its endpoint failed: ") + ucs_status_string(status) +
+                " (it died or finalized, or the "
+                "network failed)";
+}
+
+void UcxTransport::check_peer(int pe, const char* what) const {
+  if (!failed_[pe].empty()) {
+    throw Error(Errc::unreachable,
+                message_prefix(rank_, what) + "rank " + std::to_string(pe) + " is unreachable: " + failed_[pe]);
+  }
+  if (!isolated_[pe].empty()) {
+    throw Error(Errc::protocol, message_prefix(rank_, what) + "rank " + std::to_string(pe) +
+                                    " was isolated after a protocol violation: " + isolated_[pe]);
+  }
+}
+
+void UcxTransport::violation(int src, const Msg& m, const std::string& what) {
+  const bool known = src >= 0 && src < nranks_;
+  std::string text = "a " + kind_name(m.kind) + " message from " +
+                     (known ? "rank " + std::to_string(src) : std::string("an unknown source")) +
+                     " breaks the wire protocol: " + what + "; it was dropped";
+  if (known && isolated_[src].empty()) {
+    isolated_[src] = text;
+    text += ", and rank " + std::to_string(src) + " is isolated (its messages dropped, operations to it refused)";
+  }
+  keep_error(std::make_exception_ptr(Error(Errc::protocol, message_prefix(rank_, "ucx") + text)));
+}
+
+// ---- sending ----------------------------------------------------------------------------------------------
+
 UcxTransport::Msg UcxTransport::header(std::uint8_t kind) const {
   Msg m{};
   m.src = static_cast<std::uint32_t>(rank_);
   m.kind = kind;
+  m.version = kVersion;
   return m;
 }
 
@@ -301,20 +390,46 @@ void UcxTransport::throttle(int pe, const char* what) {
   wait(what, pe, [this] { return sends_.size() + pending_.size() <= kMaxInFlight / 2; });
 }
 
-void UcxTransport::send(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what) {
-  throttle(pe, what);
+void UcxTransport::send(int pe, Msg hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what) {
+  if (!is_answer(hdr.kind)) throttle(pe, what);
+  send_now(pe, hdr, buf, bytes, wait_local, what);
+}
+
+void UcxTransport::send_now(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local,
+                            const char* what) {
+  check_peer(pe, what);
   sends_.push_back(Send{hdr, nullptr, pe});
   Send& s = sends_.back();
+  // The sequence number is taken only for a message that goes out: one that fails at once leaves no gap.
+  if (!is_answer(hdr.kind)) s.hdr.seq = seq_out_[pe] + 1;
   ucp_request_param_t p{};
-  track(s, ucp_am_send_nbx(eps_[pe], kAmId, &s.hdr, sizeof s.hdr, buf, bytes, &p), wait_local, what);
+  void* req = ucp_am_send_nbx(eps_[pe], kAmId, &s.hdr, sizeof s.hdr, buf, bytes, &p);
+  if (!UCS_PTR_IS_ERR(req) && !is_answer(hdr.kind)) ++seq_out_[pe];
+  track(s, req, wait_local, what);
+}
+
+void UcxTransport::send_raw_for_testing(int pe, const Msg& m, const void* payload, std::size_t bytes) {
+  const auto lock = guard();
+  sends_.push_back(Send{m, nullptr, pe});
+  ucp_request_param_t p{};
+  track(sends_.back(), ucp_am_send_nbx(eps_[pe], kAmId, &sends_.back().hdr, sizeof m, payload, bytes, &p), true,
+        "send_raw_for_testing");
+}
+
+std::uint64_t UcxTransport::take_sequence_for_testing(int pe) {
+  const auto lock = guard();
+  return ++seq_out_[pe];
 }
 
 std::uint64_t UcxTransport::track(Send& s, void* req, bool wait_local, const char* what) {
   const int pe = s.pe;
   if (UCS_PTR_IS_ERR(req)) {
     sends_.pop_back();
-    throw Error(Errc::internal, message_prefix(rank_, what) + "an operation to rank " + std::to_string(pe) +
-                                    " failed at once: " + ucs_status_string(UCS_PTR_STATUS(req)));
+    const ucs_status_t st = UCS_PTR_STATUS(req);
+    if (failed_[pe].empty()) failed_[pe] = std::string("a send to it failed: ") + ucs_status_string(st);
+    throw Error(Errc::unreachable, message_prefix(rank_, what) + "an operation to rank " + std::to_string(pe) +
+                                       " failed at once: " + ucs_status_string(st) + " (rank " + std::to_string(pe) +
+                                       " is unreachable from now on)");
   }
   if (!req) {  // completed in the call
     const std::uint64_t reply = s.reply;
@@ -323,9 +438,15 @@ std::uint64_t UcxTransport::track(Send& s, void* req, bool wait_local, const cha
   }
   s.req = req;
   if (!wait_local) return 0;
-  // This entry is the waiter's: reap_sends() (inside progress) leaves it alone.
+  // This entry is the waiter's: reap_sends() (inside progress) leaves it alone. If the wait times out, the
+  // send stays in flight as any other, reaped when UCX completes it (a later quiet() waits for it).
   s.held = true;
-  wait(what, pe, [&s] { return ucp_request_check_status(s.req) != UCS_INPROGRESS; });
+  try {
+    wait(what, pe, [&s] { return ucp_request_check_status(s.req) != UCS_INPROGRESS; });
+  } catch (...) {
+    s.held = false;
+    throw;
+  }
   const ucs_status_t st = ucp_request_check_status(s.req);
   const std::uint64_t reply = s.reply;
   ucp_request_free(s.req);
@@ -336,14 +457,60 @@ std::uint64_t UcxTransport::track(Send& s, void* req, bool wait_local, const cha
     }
   }
   if (st != UCS_OK) {
-    throw Error(Errc::internal, message_prefix(rank_, what) + "an operation to rank " + std::to_string(pe) +
-                                    " failed: " + ucs_status_string(st));
+    if (failed_[pe].empty()) failed_[pe] = std::string("a send to it failed: ") + ucs_status_string(st);
+    throw Error(Errc::unreachable, message_prefix(rank_, what) + "an operation to rank " + std::to_string(pe) +
+                                       " failed: " + ucs_status_string(st));
   }
   return reply;
 }
 
+std::uint64_t UcxTransport::expect(std::uint8_t kind, void* dst, std::size_t bytes, int pe) {
+  const std::uint64_t token = next_token_++;
+  Pending& p = pending_[token];
+  p.kind = kind;
+  p.dst = dst;
+  p.bytes = bytes;
+  p.pe = pe;
+  return token;
+}
+
+std::uint64_t UcxTransport::request(int pe, Msg m, std::uint8_t answer, void* dst, std::size_t dst_bytes, bool keep,
+                                    const char* what) {
+  check_peer(pe, what);
+  throttle(pe, what);  // before anything is registered: a throttle that times out leaves nothing behind
+  m.token = expect(answer, dst, dst_bytes, pe);
+  pending_[m.token].keep = keep;
+  if (answer == get_reply) ++gets_in_flight_[pe];
+  try {
+    send_now(pe, m, nullptr, 0, false, what);
+  } catch (...) {
+    pending_.erase(m.token);
+    if (answer == get_reply) --gets_in_flight_[pe];
+    throw;
+  }
+  return m.token;
+}
+
+void UcxTransport::await(const char* what, int pe, std::uint64_t token) {
+  try {
+    wait(what, pe, [&] { return pending_.at(token).done; });
+  } catch (...) {
+    // Nobody waits for it any more: its answer erases it (and uncounts a get) when it comes.
+    auto it = pending_.find(token);
+    if (it != pending_.end()) {
+      if (it->second.done) {
+        pending_.erase(it);
+      } else {
+        it->second.keep = false;
+      }
+    }
+    throw;
+  }
+}
+
 void UcxTransport::rdma_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local,
                             const char* what) {
+  check_peer(pe, what);
   throttle(pe, what);
   sends_.push_back(Send{Msg{}, nullptr, pe});
   ucp_request_param_t p{};
@@ -351,6 +518,7 @@ void UcxTransport::rdma_put(std::size_t offset, const void* src, std::size_t byt
 }
 
 void UcxTransport::rdma_get(void* dst, std::size_t offset, std::size_t bytes, int pe, bool wait, const char* what) {
+  check_peer(pe, what);
   throttle(pe, what);
   sends_.push_back(Send{Msg{}, nullptr, pe});
   ucp_request_param_t p{};
@@ -359,6 +527,7 @@ void UcxTransport::rdma_get(void* dst, std::size_t offset, std::size_t bytes, in
 
 std::uint64_t UcxTransport::rdma_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
                                         int pe, bool fetching, const char* what) {
+  check_peer(pe, what);
   throttle(pe, what);
   ucp_worker_fence(worker_);  // release: after every earlier operation of this rank
   sends_.push_back(Send{Msg{}, nullptr, pe});
@@ -398,6 +567,7 @@ void UcxTransport::rdma_signal(AtomicOp op, std::size_t offset, std::uint64_t op
     rdma_atomic(op, offset, operand, 0, pe, false, "put_signal");
     return;
   }
+  check_peer(pe, "put_signal");
   throttle(pe, "put_signal");
   ucp_worker_fence(worker_);
   sends_.push_back(Send{Msg{}, nullptr, pe});
@@ -409,6 +579,7 @@ void UcxTransport::rdma_signal(AtomicOp op, std::size_t offset, std::uint64_t op
 }
 
 void UcxTransport::fence() {
+  const auto lock = guard();                 // the progress thread may be inside the worker
   if (any_rdma_) ucp_worker_fence(worker_);  // am: one ordered stream per peer already
 }
 
@@ -426,9 +597,12 @@ void UcxTransport::reap_sends() {
     if (it->req) ucp_request_free(it->req);
     if (st != UCS_OK) {
       const int pe = it->pe;
-      sends_.erase(it);
-      throw Error(Errc::internal, message_prefix(rank_, "ucx") + "a message to rank " + std::to_string(pe) +
-                                      " failed: " + ucs_status_string(st));
+      if (failed_[pe].empty()) {
+        failed_[pe] = std::string("a message to it failed: ") + ucs_status_string(st);
+        keep_error(std::make_exception_ptr(Error(
+            Errc::unreachable, message_prefix(rank_, "ucx") + "a message to rank " + std::to_string(pe) + " failed: " +
+                                   ucs_status_string(st) + " (rank " + std::to_string(pe) + " is unreachable)")));
+      }
     }
     it = sends_.erase(it);
   }
@@ -440,6 +614,7 @@ void UcxTransport::wait(const char* what, int pe, const std::function<bool()>& d
   for (;;) {
     progress();
     if (done()) return;
+    check_peer(pe, what);  // a peer that failed (or was isolated) meanwhile never answers
     backoff.pause();
     if (timeout_.count() > 0 && (backoff.polls() & 15) == 0) {
       const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
@@ -447,11 +622,15 @@ void UcxTransport::wait(const char* what, int pe, const std::function<bool()>& d
         throw Error(Errc::timeout, message_prefix(rank_, what) + "no answer from rank " + std::to_string(pe) +
                                        " over ucx within " + std::to_string(waited.count()) +
                                        " s (UBEP_WAIT_TIMEOUT); rank " + std::to_string(pe) +
-                                       " must call into ubep (a wait, a test, progress()) for messages to land");
+                                       " must progress for messages to land (a ubep call or its progress thread: "
+                                       "stalled, dead, or UBEP_PROGRESS_THREAD=0 while it computes); the "
+                                       "operation stays in flight and a later quiet() completes it");
       }
     }
   }
 }
+
+// ---- the operations ---------------------------------------------------------------------------------------
 
 void UcxTransport::put(std::size_t offset, const void* src, std::size_t bytes, int pe) {
   send_put(offset, src, bytes, pe, true, "put");
@@ -464,6 +643,8 @@ void UcxTransport::put_nbi(std::size_t offset, const void* src, std::size_t byte
 void UcxTransport::send_put(std::size_t offset, const void* src, std::size_t bytes, int pe, bool wait_local,
                             const char* what) {
   const auto lock = guard();
+  raise_kept();
+  check_peer(pe, what);
   mark(pe);
   data_dirty_[pe] = 1;
   if (rdma_[pe]) return rdma_put(offset, src, bytes, pe, wait_local, what);
@@ -473,40 +654,40 @@ void UcxTransport::send_put(std::size_t offset, const void* src, std::size_t byt
   send(pe, m, src, bytes, wait_local, what);
 }
 
-std::uint64_t UcxTransport::expect(void* dst, std::size_t bytes, int pe) {
-  const std::uint64_t token = next_token_++;
-  Pending& p = pending_[token];
-  p.dst = dst;
-  p.bytes = bytes;
-  p.pe = pe;
-  return token;
-}
-
 void UcxTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe) {
   const auto lock = guard();
-  if (rdma_[pe]) return rdma_get(dst, offset, bytes, pe, true, "get");
-  get_nbi(dst, offset, bytes, pe);
-  const std::uint64_t token = next_token_ - 1;
-  pending_.at(token).keep = true;  // erased here, not by the answer
-  wait("get", pe, [&] { return pending_.at(token).done; });
+  raise_kept();
+  check_peer(pe, "get");
+  if (rdma_[pe]) {
+    mark(pe);
+    return rdma_get(dst, offset, bytes, pe, true, "get");
+  }
+  mark(pe);
+  Msg m = header(get_req);
+  m.offset = offset;
+  m.bytes = bytes;
+  const std::uint64_t token = request(pe, m, get_reply, dst, bytes, true, "get");
+  await("get", pe, token);
   pending_.erase(token);
 }
 
 void UcxTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) {
   const auto lock = guard();
+  raise_kept();
+  check_peer(pe, "get_nbi");
   mark(pe);
   if (rdma_[pe]) return rdma_get(dst, offset, bytes, pe, false, "get_nbi");
   Msg m = header(get_req);
   m.offset = offset;
   m.bytes = bytes;
-  m.token = expect(dst, bytes, pe);
-  ++gets_in_flight_[pe];
-  send(pe, m, nullptr, 0, false, "get_nbi");
+  (void)request(pe, m, get_reply, dst, bytes, false, "get_nbi");
 }
 
 std::uint64_t UcxTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, std::uint64_t compare,
                                          int pe) {
   const auto lock = guard();
+  raise_kept();
+  check_peer(pe, "atomic");
   mark(pe);
   if (rdma_[pe]) return rdma_atomic(op, offset, operand, compare, pe, true, "atomic");
   Msg m = header(fetch_req);
@@ -514,10 +695,8 @@ std::uint64_t UcxTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::u
   m.offset = offset;
   m.value = operand;
   m.compare = compare;
-  m.token = expect(nullptr, 0, pe);
-  send(pe, m, nullptr, 0, false, "atomic");
-  const std::uint64_t token = m.token;
-  wait("atomic", pe, [&] { return pending_.at(token).done; });
+  const std::uint64_t token = request(pe, m, fetch_reply, nullptr, 0, true, "atomic");
+  await("atomic", pe, token);
   const std::uint64_t value = pending_.at(token).value;
   pending_.erase(token);
   return value;
@@ -525,6 +704,8 @@ std::uint64_t UcxTransport::fetch_atomic(AtomicOp op, std::size_t offset, std::u
 
 void UcxTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   const auto lock = guard();
+  raise_kept();
+  check_peer(pe, "atomic");
   mark(pe);
   if (rdma_[pe]) {
     rdma_atomic(op, offset, operand, 0, pe, false, "atomic");
@@ -539,15 +720,10 @@ void UcxTransport::post_atomic(AtomicOp op, std::size_t offset, std::uint64_t op
 
 void UcxTransport::post_signal(AtomicOp op, std::size_t offset, std::uint64_t operand, int pe) {
   const auto lock = guard();
-  if (rdma_[pe]) {
-    // The data's local completion first (put_signal returns with its source reusable), then the signal
-    // behind a fence. A set is an 8-byte put (only signals and waits touch the word); an add, an atomic.
-    if (!sends_done(pe)) wait("put_signal", pe, [&] { return sends_done(pe); });
-    rdma_signal(op, offset, operand, pe);
-    return;
-  }
+  raise_kept();
+  // The stream (am) or a fence (rdma) orders the signal after every earlier operation to pe: nothing to wait for.
+  if (rdma_[pe]) return rdma_signal(op, offset, operand, pe);
   post_atomic(op, offset, operand, pe);
-  if (!sends_done(pe)) wait("put_signal", pe, [&] { return sends_done(pe); });
 }
 
 bool UcxTransport::sends_done(int pe) {
@@ -562,6 +738,8 @@ bool UcxTransport::flushed(int pe, std::uint64_t token) {
 bool UcxTransport::put_with_signal(std::size_t offset, const void* src, std::size_t bytes, AtomicOp op,
                                    std::size_t sig_offset, std::uint64_t value, int pe, bool wait_local) {
   const auto lock = guard();
+  raise_kept();
+  check_peer(pe, wait_local ? "put_signal" : "put_signal_nbi");
   mark(pe);
   if (bytes) data_dirty_[pe] = 1;
   if (rdma_[pe]) {  // put, fence, signal: no message for the target's CPU on a hardware lane
@@ -581,36 +759,28 @@ bool UcxTransport::put_with_signal(std::size_t offset, const void* src, std::siz
 
 void UcxTransport::flush(int pe) {
   const auto lock = guard();
+  raise_kept();
   if (!dirty_[pe]) return;
-  if (rdma_[pe]) {
-    void* req = flush_ep(pe);
-    wait("flush", pe, [&] { return request_status(req) != UCS_INPROGRESS && sends_done(pe); });
-    finish_flush(req, pe);
-  } else {
-    Msg m = header(flush_req);
-    m.token = expect(nullptr, 0, pe);
-    send(pe, m, nullptr, 0, false, "flush");
-    const std::uint64_t token = m.token;
-    wait("flush", pe, [&] { return flushed(pe, token); });
-    pending_.erase(token);
-  }
-  unmark(pe);
+  flush_peers({pe}, "flush");
 }
 
 void UcxTransport::flush_local(int pe) {
   const auto lock = guard();
+  raise_kept();
   const auto done = [&] { return gets_in_flight_[pe] == 0 && sends_done(pe); };
   if (!done()) wait("flush_local", pe, done);
 }
 
 void UcxTransport::flush_all() {
   const auto lock = guard();
+  raise_kept();
   const std::vector<int> peers = dirty_list_;
   flush_peers(peers, "quiet");
 }
 
 void UcxTransport::order_before_signal(int pe) {
   const auto lock = guard();
+  raise_kept();
   std::vector<int> peers;
   for (int q : dirty_list_) {
     if (q != pe && data_dirty_[q]) peers.push_back(q);
@@ -627,23 +797,49 @@ void UcxTransport::flush_peers(const std::vector<int>& peers, const char* what) 
     void* req;
   };
   std::vector<Flush> flushes;
-  for (int pe : peers) {
-    if (rdma_[pe]) {
-      flushes.push_back({pe, 0, flush_ep(pe)});
-      continue;
+  // Whatever throws, no request is left behind unanswered-for: flush answers of peers not yet waited for are
+  // left to erase themselves, ucp flush requests to be freed.
+  const auto abandon = [&](std::size_t from) {
+    for (std::size_t i = from; i < flushes.size(); ++i) {
+      if (flushes[i].req) {
+        ucp_request_free(flushes[i].req);  // UCX completes it, then frees it
+      } else if (auto it = pending_.find(flushes[i].token); it != pending_.end()) {
+        if (it->second.done) {
+          pending_.erase(it);
+        } else {
+          it->second.keep = false;
+        }
+      }
     }
-    Msg m = header(flush_req);
-    m.token = expect(nullptr, 0, pe);
-    send(pe, m, nullptr, 0, false, what);
-    flushes.push_back({pe, m.token, nullptr});
+  };
+  try {
+    for (int pe : peers) {
+      if (rdma_[pe]) {
+        check_peer(pe, what);
+        flushes.push_back({pe, 0, flush_ep(pe)});
+        continue;
+      }
+      Msg m = header(flush_req);
+      flushes.push_back({pe, request(pe, m, flush_reply, nullptr, 0, true, what), nullptr});
+    }
+  } catch (...) {
+    abandon(0);
+    throw;
   }
-  for (const Flush& f : flushes) {
-    if (rdma_[f.pe]) {
-      wait(what, f.pe, [&] { return request_status(f.req) != UCS_INPROGRESS && sends_done(f.pe); });
-      finish_flush(f.req, f.pe);
-    } else {
-      wait(what, f.pe, [&] { return flushed(f.pe, f.token); });
-      pending_.erase(f.token);
+  for (std::size_t i = 0; i < flushes.size(); ++i) {
+    const Flush& f = flushes[i];
+    try {
+      if (rdma_[f.pe]) {
+        wait(what, f.pe, [&] { return request_status(f.req) != UCS_INPROGRESS && sends_done(f.pe); });
+        flushes[i].req = nullptr;
+        finish_flush(f.req, f.pe);
+      } else {
+        wait(what, f.pe, [&] { return flushed(f.pe, f.token); });
+        pending_.erase(f.token);
+      }
+    } catch (...) {
+      abandon(i);
+      throw;
     }
     unmark(f.pe);
   }
@@ -658,49 +854,91 @@ void UcxTransport::unmark(int pe) {
 // ---- target side ----------------------------------------------------------------------------------
 
 ucs_status_t UcxTransport::on_message(const Msg& m, void* data, std::size_t length, bool rndv) {
-  const int src = static_cast<int>(m.src);
-  if (m.kind == get_reply || m.kind == fetch_reply || m.kind == flush_reply) {
-    // Answers to this rank: not part of any source's ordered stream of writes.
-    auto it = pending_.find(m.token);
-    if (it == pending_.end()) return UCS_OK;
-    Pending& p = it->second;
-    if (m.kind == fetch_reply) p.value = m.value;
-    if (m.kind == get_reply) {
-      if (rndv) {
-        p.desc = data;  // received into p.dst after the handlers ran
-        get_rndv_tokens_.push_back(m.token);
-        return UCS_INPROGRESS;
-      }
-      std::memcpy(p.dst, data, std::min(length, p.bytes));
-      --gets_in_flight_[p.pe];
-      if (!p.keep) {
-        pending_.erase(it);  // get_nbi: nobody looks at this entry again
-        return UCS_OK;
-      }
-    }
-    p.done = true;
+  if (closing_) return UCS_OK;  // dropped (a rendezvous is released by UCX)
+  const std::string why = check_message(m, length, rndv, Limits{nranks_, heap_bytes_});
+  const int src = m.src < static_cast<std::uint32_t>(nranks_) ? static_cast<int>(m.src) : -1;
+  if (!why.empty()) {
+    violation(src, m, why);
     return UCS_OK;
   }
-  std::deque<Incoming>& q = backlog_[src];
-  if (!rndv && q.empty()) {
+  if (!isolated_[src].empty()) return UCS_OK;  // everything of an isolated peer is dropped
+  if (is_answer(m.kind)) return on_answer(m, data, length, rndv);
+  Source& so = sources_[src];
+  if (m.seq < so.next || m.seq - so.next >= kReorderWindow || so.early.count(m.seq) != 0) {
+    violation(src, m,
+              "field 'seq' = " + std::to_string(m.seq) + ": expected " + std::to_string(so.next) +
+                  (m.seq < so.next || so.early.count(m.seq) != 0 ? " (a duplicate)" : " (too far ahead)"));
+    return UCS_OK;
+  }
+  const bool in_turn = m.seq == so.next;
+  if (in_turn && !rndv && so.backlog.empty()) {  // the common case: apply at once
+    ++so.next;
     apply(m, data, length);
-    return UCS_OK;
-  }
-  if (q.empty()) backlogged_.push_back(src);
-  Incoming in;
-  in.m = m;
-  in.rndv = rndv;
-  if (rndv) {
-    in.desc = data;
+    if (so.early.empty()) return UCS_OK;
   } else {
-    const auto* b = static_cast<const std::byte*>(data);
-    in.data.assign(b, b + length);
+    Incoming in;
+    in.m = m;
+    in.rndv = rndv;
+    if (rndv) {
+      in.desc = data;
+    } else {
+      const auto* b = static_cast<const std::byte*>(data);
+      in.data.assign(b, b + length);
+    }
+    if (in_turn) {
+      ++so.next;
+      so.backlog.push_back(std::move(in));
+    } else {
+      so.early.emplace(m.seq, std::move(in));
+    }
   }
-  q.push_back(std::move(in));
+  // Whatever arrived early and is now in turn joins the backlog (drain() applies it).
+  for (auto it = so.early.begin(); it != so.early.end() && it->first == so.next; it = so.early.erase(it)) {
+    so.backlog.push_back(std::move(it->second));
+    ++so.next;
+  }
+  if (std::find(backlogged_.begin(), backlogged_.end(), src) == backlogged_.end()) backlogged_.push_back(src);
   return rndv ? UCS_INPROGRESS : UCS_OK;
 }
 
+ucs_status_t UcxTransport::on_answer(const Msg& m, void* data, std::size_t length, bool rndv) {
+  // Answers to this rank: not part of any source's ordered stream of writes.
+  const int src = static_cast<int>(m.src);
+  auto it = pending_.find(m.token);
+  if (it == pending_.end() || it->second.pe != src || it->second.kind != m.kind) {
+    violation(src, m,
+              "field 'token' = " + std::to_string(m.token) +
+                  (it == pending_.end()   ? ": this rank awaits no such answer"
+                   : it->second.pe != src ? ": it was asked of rank " + std::to_string(it->second.pe)
+                                          : ": it awaits a " + kind_name(it->second.kind)));
+    return UCS_OK;
+  }
+  Pending& p = it->second;
+  if (m.kind == fetch_reply) p.value = m.value;
+  if (m.kind == get_reply) {
+    if (length != p.bytes) {
+      violation(src, m,
+                "field 'length' = " + std::to_string(length) + ": the get asked for " + std::to_string(p.bytes));
+      return UCS_OK;  // the get stays unanswered: its wait times out naming the peer
+    }
+    if (rndv) {
+      p.desc = data;  // received into p.dst after the handlers ran
+      get_rndv_tokens_.push_back(m.token);
+      return UCS_INPROGRESS;
+    }
+    std::memcpy(p.dst, data, length);
+    --gets_in_flight_[p.pe];
+  }
+  if (!p.keep) {
+    pending_.erase(it);  // get_nbi, or a waiter that gave up: nobody looks at this entry again
+    return UCS_OK;
+  }
+  p.done = true;
+  return UCS_OK;
+}
+
 void UcxTransport::apply(const Msg& m, const void* data, std::size_t length) {
+  // check_message passed: every offset and length is inside the heap, every word aligned, every op valid.
   const int src = static_cast<int>(m.src);
   switch (m.kind) {
     case put_data:
@@ -738,14 +976,66 @@ void UcxTransport::answer(int to, Msg reply, const void* buf, std::size_t bytes)
   owed_.push_back(Answer{to, reply, buf, bytes});  // sent after the handlers ran, not from inside one
 }
 
+void UcxTransport::drain_source(int src) {
+  std::deque<Incoming>& q = sources_[src].backlog;
+  while (!q.empty() && isolated_[src].empty()) {
+    Incoming& in = q.front();
+    if (in.rndv) {
+      if (in.desc) {
+        ucp_request_param_t rp{};
+        void* req = ucp_am_recv_data_nbx(worker_, in.desc, base_ + in.m.offset, in.m.bytes, &rp);
+        in.desc = nullptr;
+        if (UCS_PTR_IS_ERR(req)) {
+          keep_error(std::make_exception_ptr(
+              Error(Errc::unreachable, message_prefix(rank_, "ucx") + "receiving a put of rank " + std::to_string(src) +
+                                           " failed: " + ucs_status_string(UCS_PTR_STATUS(req)))));
+          q.pop_front();
+          continue;
+        }
+        in.req = req;
+      }
+      if (in.req) {
+        if (ucp_request_check_status(in.req) == UCS_INPROGRESS) return;
+        ucp_request_free(in.req);
+        in.req = nullptr;
+      }
+      if (in.m.kind == put_signal) {  // the data is in: now the signal
+        apply_atomic(word(base_, in.m.compare), static_cast<AtomicOp>(in.m.op), in.m.value, 0);
+      }
+    } else {
+      apply(in.m, in.data.data(), in.data.size());
+    }
+    q.pop_front();
+  }
+  if (!isolated_[src].empty()) {  // an isolated source's rendezvous data is released, never received
+    for (Incoming& in : q) {
+      if (in.desc) ucp_am_data_release(worker_, in.desc);
+      in.desc = nullptr;
+    }
+  }
+}
+
 void UcxTransport::drain() {
   // Rendezvous receives of get replies, straight into the caller's buffer.
   for (std::uint64_t token : get_rndv_tokens_) {
-    Pending& p = pending_.at(token);
+    auto it = pending_.find(token);
+    if (it == pending_.end()) continue;
+    Pending& p = it->second;
     ucp_request_param_t rp{};
     void* req = ucp_am_recv_data_nbx(worker_, p.desc, p.dst, p.bytes, &rp);
-    if (UCS_PTR_IS_ERR(req)) fail("ucp_am_recv_data_nbx (get reply)", UCS_PTR_STATUS(req));
     p.desc = nullptr;
+    if (UCS_PTR_IS_ERR(req)) {
+      keep_error(std::make_exception_ptr(
+          Error(Errc::unreachable, message_prefix(rank_, "ucx") + "receiving a get reply of rank " +
+                                       std::to_string(p.pe) + " failed: " + ucs_status_string(UCS_PTR_STATUS(req)))));
+      continue;
+    }
+    if (req == nullptr) {  // received in the call
+      --gets_in_flight_[p.pe];
+      p.done = true;
+      if (!p.keep) pending_.erase(it);
+      continue;
+    }
     p.req = req;
   }
   get_rndv_tokens_.clear();
@@ -765,41 +1055,37 @@ void UcxTransport::drain() {
   }
   // Each source's backlog, in order: a rendezvous at the head holds back everything behind it.
   for (std::size_t i = 0; i < backlogged_.size();) {
-    std::deque<Incoming>& q = backlog_[backlogged_[i]];
-    while (!q.empty()) {
-      Incoming& in = q.front();
-      if (in.rndv) {
-        if (in.desc) {
-          ucp_request_param_t rp{};
-          void* req = ucp_am_recv_data_nbx(worker_, in.desc, base_ + in.m.offset, in.m.bytes, &rp);
-          if (UCS_PTR_IS_ERR(req)) fail("ucp_am_recv_data_nbx (put)", UCS_PTR_STATUS(req));
-          in.desc = nullptr;
-          in.req = req;
-        }
-        if (in.req) {
-          if (ucp_request_check_status(in.req) == UCS_INPROGRESS) break;
-          ucp_request_free(in.req);
-          in.req = nullptr;
-        }
-        if (in.m.kind == put_signal) {  // the data is in: now the signal
-          apply_atomic(word(base_, in.m.compare), static_cast<AtomicOp>(in.m.op), in.m.value, 0);
-        }
-      } else {
-        apply(in.m, in.data.data(), in.data.size());
-      }
-      q.pop_front();
-    }
-    if (q.empty()) {
+    const int src = backlogged_[i];
+    drain_source(src);
+    const Source& so = sources_[src];
+    if (so.backlog.empty() && so.early.empty()) {
       backlogged_[i] = backlogged_.back();
       backlogged_.pop_back();
     } else {
       ++i;
     }
   }
-  // The answers owed, in the order they were earned.
+  // The answers owed, in the order they were earned. One that cannot go out (its peer failed) is dropped; the
+  // others still go (a dead peer must not make every live one wait and blame this rank).
   std::vector<Answer> owed;
   owed.swap(owed_);
-  for (const Answer& a : owed) send(a.to, a.m, a.buf, a.bytes, false, "ucx answer");
+  for (const Answer& a : owed) {
+    if (!isolated_[a.to].empty()) continue;
+    if (!failed_[a.to].empty()) {
+      if (dropped_answers_[a.to]++ == 0) {  // said once per peer
+        keep_error(std::make_exception_ptr(
+            Error(Errc::unreachable, message_prefix(rank_, "ucx") + "rank " + std::to_string(a.to) +
+                                         " is unreachable (" + failed_[a.to] + "): the answers this rank owes it (" +
+                                         kind_name(a.m.kind) + ", ...) are dropped; the other peers are served")));
+      }
+      continue;
+    }
+    try {
+      send(a.to, a.m, a.buf, a.bytes, false, "ucx answer");
+    } catch (const Error&) {
+      keep_error(std::current_exception());
+    }
+  }
 }
 
 void UcxTransport::progress() {
@@ -813,9 +1099,32 @@ void UcxTransport::progress() {
     reap_sends();
   } catch (...) {
     in_progress_ = false;
-    throw;
+    keep_error(std::current_exception());
   }
   in_progress_ = false;
+  raise_kept();
+}
+
+void UcxTransport::thread_pass() noexcept {
+  const auto lock = guard();
+  in_thread_ = true;
+  try {
+    progress();
+  } catch (...) {
+    keep_error(std::current_exception());
+  }
+  in_thread_ = false;
+}
+
+bool UcxTransport::arm() noexcept {
+  const auto lock = guard();
+  return ucp_worker_arm(worker_) == UCS_OK;
+}
+
+bool UcxTransport::busy() noexcept {
+  const auto lock = guard();
+  return !sends_.empty() || !backlogged_.empty() ||
+         std::any_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.req != nullptr; });
 }
 
 void* UcxTransport::flush_ep(int pe) {
@@ -829,8 +1138,8 @@ void UcxTransport::finish_flush(void* req, int pe) {
   const ucs_status_t st = request_status(req);
   if (req) ucp_request_free(req);
   if (st != UCS_OK) {
-    throw Error(Errc::internal, message_prefix(rank_, "flush") + "ucp_ep_flush_nbx to rank " + std::to_string(pe) +
-                                    " failed: " + ucs_status_string(st));
+    throw Error(Errc::unreachable, message_prefix(rank_, "flush") + "ucp_ep_flush_nbx to rank " + std::to_string(pe) +
+                                       " failed: " + ucs_status_string(st));
   }
 }
 
