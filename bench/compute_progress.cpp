@@ -123,9 +123,12 @@ int main(int argc, char** argv) {
     ubep::Options base = ubep::Options::from_env();
     std::vector<Row> rows;
     std::string route;
-    for (bool thread : {false, true}) {
+    // UBEP_PROGRESS_THREAD=0, auto (the default: the ucx route's own thread) and 1 (MPI, UCX and the staged route).
+    const char* const names[] = {"0 (off)", "auto", "1 (full)"};
+    for (int mode = 0; mode < 3; ++mode) {
       ubep::Options o = base;
-      o.progress_thread = thread;
+      o.progress_thread = mode == 2;
+      o.ucx_progress_thread = mode >= 1;
       ubep::Context ctx(MPI_COMM_WORLD, o);
       route = ubep::to_string(ctx.route(1 - rank));
       rows.push_back(measure(ctx, bytes, work, repeats));
@@ -136,12 +139,13 @@ int main(int argc, char** argv) {
           "# ubep_compute_progress: rank 1 computes about %.0f ms (no ubep call) while rank 0 sends it one "
           "%zu-byte put_signal\n# route between the ranks: %s; medians of %d runs; ms\n",
           compute_ms, bytes, route.c_str(), repeats);
-      std::printf("%-16s %12s %14s %10s\n", "progress_thread", "compute_ms", "put_signal_ms", "wait_ms");
+      std::printf("%-22s %12s %14s %10s\n", "UBEP_PROGRESS_THREAD", "compute_ms", "put_signal_ms", "wait_ms");
       for (std::size_t i = 0; i < rows.size(); ++i) {
-        std::printf("%-16s %12.1f %14.3f %10.3f\n", i ? "on" : "off", rows[i].compute_ms, rows[i].put_signal_ms,
+        std::printf("%-22s %12.1f %14.3f %10.3f\n", names[i], rows[i].compute_ms, rows[i].put_signal_ms,
                     rows[i].wait_ms);
       }
-      std::printf("# compute with the thread / without: %.3f\n", rows[1].compute_ms / rows[0].compute_ms);
+      std::printf("# compute with the thread / without: auto %.3f, 1 %.3f\n", rows[1].compute_ms / rows[0].compute_ms,
+                  rows[2].compute_ms / rows[0].compute_ms);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ubep_compute_progress: rank %d: error: %s\n", rank, e.what());

@@ -29,6 +29,7 @@
 
 #include "moe/handle.hpp"
 #include "moe/kernels.hpp"
+#include "moe/wire.hpp"
 #include "ubep/moe.hpp"
 #include "ubep/topology.hpp"
 
@@ -375,10 +376,9 @@ struct Layer::Dedup {
     if (sl.phase == 0) {
       if (!ready(g.I + z * g.Q + q, dedup::tag(c))) return false;
       const auto* h = reinterpret_cast<const std::uint64_t*>(inbox);
+      protocol(wire::check_inbox_header(h, g.M, g.rbuf_rows() * g.rb, g.rb), "the inbox", src, c);
       sl.n = h[0];
       sl.reply = h[1];
-      if (sl.n > g.M)
-        internal("the inbox of rank " + std::to_string(src) + " claims " + std::to_string(sl.n) + " records");
       sl.forwarded.assign(U, 0);
       sl.count.assign(U, 0);
       sl.base.assign(U, 0);
@@ -440,7 +440,9 @@ struct Layer::Dedup {
   void for_owners(const std::byte* rec, F&& f) const {
     std::uint32_t m;
     std::memcpy(&m, rec + g.tok, 4);
-    if (m > std::min(g.k, g.L * g.N)) internal("an inbox record claims " + std::to_string(m) + " experts");
+    if (m > std::min(g.k, g.L * g.N)) {
+      protocol(wire::check_record_count(m, std::min(g.k, g.L * g.N)), "an inbox record", -1, 0);
+    }
     const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok));
     for (std::size_t u = 0; u < local_owners.size(); ++u) {
       for (std::uint32_t i = 0; i < m; ++i) {
@@ -504,6 +506,13 @@ struct Layer::Dedup {
   [[noreturn]] void internal(const std::string& what) const {
     throw Error(Errc::internal,
                 "ubep: rank " + std::to_string(me) + ": moe::Layer (" + to_string(ly.config_.combine) + "): " + what);
+  }
+  /// A peer's header or record failed its check (moe/wire.hpp): Errc::protocol naming the peer, call and field.
+  void protocol(const std::string& why, const char* what, int from, std::uint64_t call) const {
+    if (why.empty()) return;
+    throw Error(Errc::protocol, "ubep: rank " + std::to_string(me) + ": moe::Layer (" + to_string(ly.config_.combine) +
+                                    "): " + what + " from rank " + std::to_string(from) + " in call " +
+                                    std::to_string(call) + " breaks the protocol: " + why);
   }
 
   // ---- source -------------------------------------------------------------------------------------------
@@ -640,20 +649,16 @@ struct Layer::Dedup {
       s.dd_reply[3 * src] = h[1];
       s.dd_reply[3 * src + 1] = h[2];
       s.dd_reply[3 * src + 2] = h[3];
-      if (h[0] > g.M || h[1] >= P || h[3] >= g.signals || h[2] + h[0] * g.rb > g.rbuf_rows() * g.rb) {
-        internal("the chunk of rank " + std::to_string(src) + " in call " + std::to_string(s.call) +
-                 " has a bad header");
-      }
+      protocol(wire::check_chunk_header(h, g.M, P, g.signals, g.rbuf_rows() * g.rb, g.rb), "the chunk",
+               static_cast<int>(src), s.call);
       for (std::size_t j = 0; j < h[0]; ++j) {
         const std::byte* rec = region + dedup::kHeader + j * g.rec_o;
         std::uint32_t m;
         std::memcpy(&m, rec + g.tok, 4);
-        if (m == 0 || m > std::min(g.k, g.L))
-          internal("a record of rank " + std::to_string(src) + " claims " + std::to_string(m) + " experts");
         const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok));
+        protocol(wire::check_record_count(m, std::min(g.k, g.L)), "a record", static_cast<int>(src), s.call);
+        protocol(wire::check_record_entries(e, m, me, local), "a record", static_cast<int>(src), s.call);
         for (std::uint32_t i = 0; i < m; ++i) {
-          if (e[i].owner != me || e[i].le < 0 || e[i].le >= local)
-            internal("a record of rank " + std::to_string(src) + " names another owner's expert");
           s.dd_by_le[e[i].le].push_back(static_cast<int>(s.dd_le.size()));
           s.dd_rec_of.push_back(static_cast<int>(s.dd_src_of.size()));
           s.dd_le.push_back(e[i].le);

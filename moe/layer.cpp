@@ -23,6 +23,7 @@
 
 #include "moe/dedup.hpp"
 #include "moe/handle.hpp"
+#include "moe/wire.hpp"
 #include "ubep/moe.hpp"
 #include "ubep/topology.hpp"
 
@@ -251,6 +252,7 @@ std::optional<int> Layer::next_expert(Handle& h) {
   }
   const auto region = [&](std::size_t src) { return m.dbuf.data() + (s.set * P + src) * m.region; };
   const std::size_t capacity = (m.region - m.header) / token_bytes_;
+  const std::size_t Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;  // rows per set
   for (;;) {
     for (int le = 0; le < local; ++le) {
       if (!s.ready[le] || s.returned[le]) continue;
@@ -271,14 +273,15 @@ std::optional<int> Layer::next_expert(Handle& h) {
       std::vector<std::size_t> first(P, 0);
       for (std::size_t src = 0; src < P; ++src) {
         const auto* header = reinterpret_cast<const std::uint64_t*>(region(src));
+        // The source's header is input: its counts must fit this rank's region, its offsets the source's rows.
+        if (const std::string why = wire::check_region_header(header, le, capacity, Mk); !why.empty()) {
+          throw Error(Errc::protocol, "ubep: rank " + std::to_string(rank_) + ": next_expert: the region of rank " +
+                                          std::to_string(src) + " in call " + std::to_string(s.call) +
+                                          " breaks the protocol: " + why);
+        }
         for (int e = 0; e < le; ++e) first[src] += header[2 * e];
         s.recv_counts[le * P + src] = static_cast<int>(header[2 * le]);
         s.recv_meta[le * P + src] = header[2 * le + 1];
-        if (first[src] + header[2 * le] > capacity) {
-          throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": next_expert: the region of rank " +
-                                          std::to_string(src) + " in call " + std::to_string(s.call) +
-                                          " claims more tokens than it can hold");
-        }
       }
       if (s.num_ready == 0) {
         // Outputs to network-route sources are staged in combine_send: size it now, while every such

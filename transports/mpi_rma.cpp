@@ -16,6 +16,18 @@ constexpr int kSignalTag = 0x7573;     // signal messages (their communicator ca
 constexpr std::uint64_t kWake = 0xff;  // a message that changes no word: an atomic landed (SimGrid builds)
 }  // namespace
 
+std::string check_signal_message(std::uint64_t offset, std::uint64_t op, std::size_t heap_bytes, std::uint64_t wake) {
+  if (op == wake) return {};
+  if (op != static_cast<std::uint64_t>(AtomicOp::add) && op != static_cast<std::uint64_t>(AtomicOp::set)) {
+    return "field 'op' = " + std::to_string(op) + ": a signal is add or set";
+  }
+  if (offset % 8 != 0 || offset > heap_bytes || heap_bytes - offset < 8) {
+    return "field 'offset' = " + std::to_string(offset) + ": not an aligned word of the " + std::to_string(heap_bytes) +
+           "-byte heap";
+  }
+  return {};
+}
+
 MpiRmaTransport::MpiRmaTransport(MPI_Win win, int rank, int nranks, bool signal_put, bool bounded, bool all,
                                  std::vector<std::uint8_t> off_host, std::chrono::duration<double> timeout,
                                  const PollPolicy& poll, MPI_Comm chan, char* base, std::size_t heap_bytes)
@@ -156,20 +168,12 @@ std::size_t MpiRmaTransport::deliver(bool block) {
     ++n;
     // A message is input: its word must be a whole, aligned word of this heap, its op a signal's (or the wake).
     const std::uint64_t off = inbox_[0], op = inbox_[1];
-    if (op != kWake) {
-      const bool bad_op =
-          op != static_cast<std::uint64_t>(AtomicOp::add) && op != static_cast<std::uint64_t>(AtomicOp::set);
-      if (bad_op || off % 8 != 0 || off > heap_bytes_ || heap_bytes_ - off < 8) {
-        throw Error(Errc::protocol,
-                    "ubep: rank " + std::to_string(rank_) + ": signal (message): a signal message from rank " +
-                        std::to_string(st.MPI_SOURCE) + " breaks the protocol: " +
-                        (bad_op ? "field 'op' = " + std::to_string(op) + ": a signal is add or set"
-                                : "field 'offset' = " + std::to_string(off) + ": not an aligned word of the " +
-                                      std::to_string(heap_bytes_) + "-byte heap") +
-                        "; it was dropped");
-      }
-      apply_posted(base_, off, static_cast<AtomicOp>(op), inbox_[2]);
+    if (const std::string why = check_signal_message(off, op, heap_bytes_, kWake); !why.empty()) {
+      throw Error(Errc::protocol,
+                  "ubep: rank " + std::to_string(rank_) + ": signal (message): a signal message from rank " +
+                      std::to_string(st.MPI_SOURCE) + " breaks the protocol: " + why + "; it was dropped");
     }
+    if (op != kWake) apply_posted(base_, off, static_cast<AtomicOp>(op), inbox_[2]);
     if (block) return n;  // the caller checks its condition before waiting again
   }
 }

@@ -44,12 +44,18 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "transports/bounded_call.hpp"
 #include "transports/transport.hpp"
 
 namespace ubep::detail {
+
+/// A signal message {offset, op, value} as it arrives (UBEP_MPI_SIGNAL=message): its word an aligned word inside
+/// the `heap_bytes`-byte heap, its op add or set (or `wake`, the SimGrid builds' message that changes no word).
+/// Empty when valid, else what is wrong, naming the field.
+std::string check_signal_message(std::uint64_t offset, std::uint64_t op, std::size_t heap_bytes, std::uint64_t wake);
 
 class MpiRmaTransport final : public Transport {
  public:

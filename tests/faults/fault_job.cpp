@@ -8,7 +8,8 @@
 //   point  dispatch (before dispatch_send), combine (after its tokens are in, before combine_send),
 //          barrier (instead of Context::barrier), alloc (instead of Context::alloc), signal (instead of its
 //          put_signal of the ring)
-//   fault  kill (raise(SIGKILL)), exit0 / exit1 (_exit(0) / _exit(1): no MPI_Finalize), throw (an exception
+//   fault  kill (raise(SIGKILL)), getkill (4000 get_nbi to the rank before it, then SIGKILL: that rank owes answers
+//          to a dead peer, issue 34 item 3), exit0 / exit1 (_exit(0) / _exit(1): no MPI_Finalize), throw (an exception
 //          that unwinds out of the loop, through the Layer and the Context, to main, which prints it and
 //          returns 1 without MPI_Finalize), stall (alive, sleeps FAULT_STALL_S seconds without calling
 //          ubep or MPI, default UBEP_WAIT_TIMEOUT + 30), compute (the same, busy: a long compute loop),
@@ -52,12 +53,18 @@ struct Plan {
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // Whether `rank` fails here; if so it does, and returns only for `throw` (by throwing), `stall` and `compute`.
-void maybe_fault(const Plan& p, int rank, int iteration, const char* point) {
+// `ctx` and `word` (a symmetric word) serve getkill's gets.
+void maybe_fault(const Plan& p, int rank, int iteration, const char* point, ubep::Context& ctx, std::uint64_t* word) {
   if (rank != p.victim || iteration != p.iteration || p.point != point || p.fault == "none") return;
+  if (p.fault == "getkill") {  // answers owed by the rank before it, which then finds this one dead
+    static std::vector<std::uint64_t> sink(4000);
+    const int from = (rank + ctx.size() - 1) % ctx.size();
+    for (std::uint64_t& w : sink) ctx.get_nbi(&w, word, sizeof w, from);
+  }
   std::fprintf(stderr, "fault_job: FAULT %s at %s rank %d pid %d t=%.3f\n", p.fault.c_str(), point, rank,
                static_cast<int>(getpid()), unix_now());
   std::fflush(stderr);
-  if (p.fault == "kill") std::raise(SIGKILL);
+  if (p.fault == "kill" || p.fault == "getkill") std::raise(SIGKILL);
   if (p.fault == "exit0") _exit(0);
   if (p.fault == "exit1") _exit(1);
   if (p.fault == "throw") throw std::runtime_error(std::string("injected failure at ") + point);
@@ -98,21 +105,21 @@ void run(const Plan& p) {
 
   for (int it = 0; it < p.iterations; ++it) {
     const std::uint64_t epoch = it + 1;
-    maybe_fault(p, me, it, "signal");
+    maybe_fault(p, me, it, "signal", ctx, ring.data());
     ctx.put_signal(ring.data(), &epoch, sizeof epoch, sig.data(), epoch, ubep::SignalOp::set, right);
     ctx.wait_until(sig.data(), ubep::Cmp::ge, epoch, {.writers = writers, .what = "the ring signal"});
 
-    maybe_fault(p, me, it, "barrier");
+    maybe_fault(p, me, it, "barrier", ctx, ring.data());
     ctx.barrier();
 
-    maybe_fault(p, me, it, "alloc");
+    maybe_fault(p, me, it, "alloc", ctx, ring.data());
     auto scratch = ctx.alloc<float>(1024);
     scratch.free();
 
-    maybe_fault(p, me, it, "dispatch");
+    maybe_fault(p, me, it, "dispatch", ctx, ring.data());
     auto h = layer.dispatch_send(std::as_bytes(std::span(in)), idx, w);
     layer.dispatch_recv(h);
-    maybe_fault(p, me, it, "combine");
+    maybe_fault(p, me, it, "combine", ctx, ring.data());
     while (auto le = layer.next_expert(h)) {
       const auto batch = layer.expert_tokens(h, *le);
       layer.combine_send(h, *le, batch.data);  // identity experts: f32 in, f32 out
@@ -126,9 +133,10 @@ void run(const Plan& p) {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: fault_job <kill|exit0|exit1|throw|stall|compute|none> <dispatch|combine|barrier|alloc|signal> "
-               "[victim] [iteration]\n");
+  std::fprintf(
+      stderr,
+      "usage: fault_job <kill|getkill|exit0|exit1|throw|stall|compute|none> <dispatch|combine|barrier|alloc|signal> "
+      "[victim] [iteration]\n");
   return 2;
 }
 
@@ -141,7 +149,7 @@ int main(int argc, char** argv) {
   p.point = argv[2];
   if (argc > 3) p.victim = std::atoi(argv[3]);
   if (argc > 4) p.iteration = std::atoi(argv[4]);
-  const std::vector<std::string> faults = {"kill", "exit0", "exit1", "throw", "stall", "compute", "none"};
+  const std::vector<std::string> faults = {"kill", "getkill", "exit0", "exit1", "throw", "stall", "compute", "none"};
   const std::vector<std::string> points = {"dispatch", "combine", "barrier", "alloc", "signal"};
   if (std::find(faults.begin(), faults.end(), p.fault) == faults.end()) return usage();
   if (std::find(points.begin(), points.end(), p.point) == points.end()) return usage();

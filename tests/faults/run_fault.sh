@@ -165,8 +165,8 @@ else
     ubep)
       [[ -n $ubep_lines ]] || problem "no survivor reported ubep's error"
       ((named_by_ubep)) || problem "ubep's report does not name rank $victim"
-      grep -q 'Errc::timeout)' <<<"$ubep_lines" ||
-        problem "the survivors' error is not Errc::timeout"
+      grep -qE 'Errc::(timeout|unreachable)\)' <<<"$ubep_lines" ||
+        problem "the survivors' error is not Errc::timeout or Errc::unreachable"
       dlimit=$(awk -v t="$wait_timeout" -v b="$detect_bound" 'BEGIN { print t + b }')
       if [[ $survivor_s != -1 ]] && awk -v d="$survivor_s" -v l="$dlimit" 'BEGIN { exit !(d > l) }'; then
         problem "the first survivor reported ${survivor_s} s after the fault, more than UBEP_WAIT_TIMEOUT + ${detect_bound} s"

@@ -118,7 +118,13 @@ T0=$SECONDS
 out=$("$EMU" --nodes 0 -- /bin/true 2>&1); rc=$?
 ((rc == 2)) && [[ $(wc -l <<<"$out") == 1 ]] && pass "bad --nodes refused with one line: $out" || fail "bad --nodes: rc=$rc out=$out"
 if command -v setpriv >/dev/null; then
-  out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$EMU" --nodes 2 -- /bin/true 2>&1); rc=$?
+  # The user nobody runs a copy of emulate.sh in a directory it can read: the checkout may lie under a private
+  # directory (a clone in /root, mode 700), where nobody cannot even open the script (issue 34, item 10).
+  pub=$(mktemp -d /tmp/ubepmn-public.XXXXXX)
+  chmod 755 "$pub" && cp "$EMU" "$pub/emulate.sh" && chmod 755 "$pub/emulate.sh"
+  out=$(cd / && setpriv --reuid=65534 --regid=65534 --clear-groups "$pub/emulate.sh" --nodes 2 -- /bin/true 2>&1)
+  rc=$?
+  rm -rf "$pub"
   ((rc == 77)) && [[ $out == *"needs root"* ]] && pass "non-root refused (77): $out" || fail "non-root: rc=$rc out=$out"
 fi
 

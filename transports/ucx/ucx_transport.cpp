@@ -1090,6 +1090,7 @@ void UcxTransport::drain() {
 
 void UcxTransport::progress() {
   const auto lock = guard();
+  if (!in_thread_) app_polls_.fetch_add(1, std::memory_order_relaxed);  // the caller's thread serves the worker
   if (in_progress_) return;  // a send inside drain() must not re-enter the handlers
   in_progress_ = true;
   try {
@@ -1103,6 +1104,12 @@ void UcxTransport::progress() {
   }
   in_progress_ = false;
   raise_kept();
+}
+
+void UcxTransport::poll_keeping_errors() noexcept {
+  const auto lock = guard();
+  app_polls_.fetch_add(1, std::memory_order_relaxed);
+  thread_pass();
 }
 
 void UcxTransport::thread_pass() noexcept {

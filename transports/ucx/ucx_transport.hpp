@@ -39,6 +39,7 @@
 #include <mpi.h>
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -108,7 +109,7 @@ class UcxTransport final : public Transport {
   /// peer, a protocol violation), once.
   void progress();
   void poll() override { progress(); }
-  void poll_keeping_errors() noexcept override { thread_pass(); }
+  void poll_keeping_errors() noexcept override;
 
   // ---- the progress thread (threaded transports) ----
   /// The worker's event file descriptor: readable when something may have arrived after arm() said "sleep".
@@ -119,6 +120,9 @@ class UcxTransport final : public Transport {
   bool arm() noexcept;
   /// Local work in flight (sends, rendezvous receives, answers awaited): the thread then sleeps briefly only.
   bool busy() noexcept;
+  /// How often the caller's thread has progressed the worker (progress(), poll_keeping_errors()): while this moves,
+  /// the caller serves the worker itself and the thread stays away from it (no wake-ups, no lock to contend for).
+  std::uint64_t app_polls() const noexcept { return app_polls_.load(std::memory_order_relaxed); }
 
   /// "UCX 1.13.1, mode am (active messages)", for ubep-info.
   std::string describe() const override;
@@ -282,6 +286,7 @@ class UcxTransport final : public Transport {
   std::vector<std::uint64_t> get_rndv_tokens_;  // get answers arrived by rendezvous, to receive
   bool in_progress_ = false;
   bool in_thread_ = false;                      // the progress thread's pass is running: errors are kept, never thrown
+  std::atomic<std::uint64_t> app_polls_{0};     // see app_polls()
   bool closing_ = false;                        // the destructor runs: every arriving message is dropped
   std::vector<std::string> failed_;             // per pe: why it is unreachable (empty: reachable)
   std::vector<std::string> isolated_;           // per pe: the protocol violation that isolated it (empty: none)
