@@ -579,7 +579,9 @@ void build(State& s, MPI_Comm user_comm) {
         }
       }
     });
-    s.progress_kind = "ucx: wakes on UCX's event fd when a message arrives (UBEP_PROGRESS_THREAD=auto)";
+    s.progress_kind =
+        "ucx: serves the UCX worker while the application is away from ubep (polls it, then sleeps on its event fd; "
+        "UBEP_PROGRESS_THREAD=auto)";
   }
 #endif
 }

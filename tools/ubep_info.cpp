@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
         j["ucx"] = info.ucx;
         j["ucx_peers"] = info.ucx_peers;  // rank 0's endpoints
       }
-      j["gpu_heap"] = info.gpu_heap;    // rank 0's
-      j["gpu_peers"] = info.gpu_peers;  // how GPU-heap data reaches each pe from rank 0
+      j["progress_thread"] = info.progress_thread;  // rank 0's
+      j["gpu_heap"] = info.gpu_heap;                // rank 0's
+      j["gpu_peers"] = info.gpu_peers;              // how GPU-heap data reaches each pe from rank 0
       j["options"] = ctx.options().describe();
       j["routes"] = nlohmann::json::array();
       for (int r = 0; r < n; ++r) {
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
           std::cout << "# ucx:            " << info.ucx << "\n";
           for (int pe = 0; pe < n; ++pe) std::cout << "# ucx to rank " << pe << ":  " << info.ucx_peers[pe] << "\n";
         }
+        std::cout << "# progress thread: " << info.progress_thread << " (rank 0)\n";
         std::cout << "# GPU heap:       " << info.gpu_heap << " (rank 0)\n";
         for (int pe = 0; pe < n; ++pe) std::cout << "# GPU data to rank " << pe << ": " << info.gpu_peers[pe] << "\n";
         for (const auto& line : ctx.options().describe()) std::cout << "# " << line << "\n";

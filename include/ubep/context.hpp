@@ -31,8 +31,11 @@
 ///       rdma), in flight on return: remote completion of data and signal at quiet()/flush(pe);
 ///       put_signal returns with `src` reusable, put_signal_nbi at once (`src` reusable after quiet() or
 ///       flush(pe)), like put_nbi;
-///     - messages reach a target only while it runs ubep code or its progress thread (rdma mode on a
-///       hardware lane needs no target CPU).
+///     - messages reach a target while it runs ubep code or its progress thread, which runs by default
+///       wherever UCX is in use (UBEP_PROGRESS_THREAD=auto): a target that computes, or sits in a plain MPI call,
+///       still answers; with UBEP_PROGRESS_THREAD=0 only its own ubep calls do (rdma mode on a hardware lane needs
+///       no target CPU). While the application progresses UCX itself the thread stays away; it serves the worker
+///       within about 10 ms of the application's last ubep call (README, "The ucx route").
 ///  - Deferred signals: through MPI, put_signal_nbi and signal_op only record their signal. This rank's
 ///    next quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic "delivers" them: one
 ///    MPI_Win_flush per peer with data in flight, then every recorded signal (alloc, free, barrier and
@@ -61,7 +64,8 @@
 ///       outstanding: a fifth first waits for the oldest), completing at the next quiet() or flush(); pe reads
 ///       its GPU heap when it serves the request. pe acknowledges and serves only while it runs ubep code
 ///       (waits, test*, progress(), quiet(), collectives), or at any time from its progress thread
-///       (UBEP_PROGRESS_THREAD=1) where the ranks of other nodes are on the ucx route; these calls block at most
+///       (the default, or UBEP_PROGRESS_THREAD=1) where the ranks of other nodes are on the ucx route; these calls
+///       block at most
 ///       UBEP_WAIT_TIMEOUT, then throw Errc::timeout naming every pending chunk and get; the transfer goes on and a
 ///       later quiet() completes it;
 ///     - fence(), flush(), quiet(), signal_op and every put_signal first complete this rank's earlier device
@@ -92,6 +96,18 @@
 /// any call that starts an operation first waits, with the deadline, for half of this rank's operations in
 /// flight once 16384 are (and flushes an rdma peer every 16384 operations), so 10^6 put_nbi before one
 /// quiet() hold a few MB, not hundreds; MPI queues the mpi route's operations itself.
+///
+/// A call that timed out on the ucx route leaves its operation in flight like any other (nothing stays waited for):
+/// a later quiet() or flush(pe) completes it once pe progresses, and until then the operation may still read its
+/// source or write its destination (a blocking put's `src`, a get's `dest`).
+///
+/// Failed and untrusted peers. A peer whose endpoint fails (it died, or the network did) is unreachable: every
+/// later operation to it throws Errc::unreachable at once, and this rank's other peers are served as before (the
+/// answers owed to it are dropped, said once by Errc::unreachable from this rank's next call). Everything a peer
+/// sends is checked before it is acted on (README, "Trust"): a message that breaks the protocol (a corrupt or forged
+/// one, a peer built from another version) is dropped, its sender isolated (its later messages dropped, operations
+/// to it refused with Errc::protocol), and this rank's next call throws Errc::protocol naming the peer and the field.
+/// Errors met by the progress thread are thrown by the application's next call, never in the thread.
 ///
 /// Thread safety: a Context is used by one thread at a time (the optional progress thread is internal).
 #pragma once
@@ -263,7 +279,8 @@ class Context {
   void barrier();
   /// Collective: every rank passes the same `values` (at most 8) or every rank throws
   /// Errc::collective_mismatch naming `what`, the value names and their range across ranks. For layers
-  /// built on ubep (the MoE setup) to check that all ranks were configured alike.
+  /// built on ubep (the MoE setup) to check that all ranks were configured alike. `names` has one name per value,
+  /// or none; another count throws Errc::invalid_argument on the calling rank, before any communication.
   /// @note Local completion: on return. Remote completion: none: unlike barrier() it completes no outstanding
   /// operation. Blocks: until every rank joins, at most UBEP_WAIT_TIMEOUT. Communicates: collective over
   /// comm().
@@ -371,18 +388,23 @@ class Context {
   void flush(int pe);
   /// Local completion of every operation to `pe` (like MPI_Win_flush_local): the sources of earlier
   /// put_nbi/put_signal_nbi to pe may be reused, the destinations of get_nbi from pe hold their data.
-  /// Where a transport cannot complete operations locally alone it flushes (mpi: as flush(pe)).
+  /// Where a transport cannot complete operations locally alone it flushes (mpi: as flush(pe)). GPU heap: this
+  /// rank's device copies and staged transfers are completed first (as quiet() does them), so the source of a
+  /// GPU-heap put_nbi is reusable too.
   /// @note Local completion: on return, for every operation to pe issued before it. Remote completion: ucx
   /// none of its own (no round trip: it waits for UCX to be done with the sources); mpi and self/shm as
-  /// flush(pe). Blocks: ucx until UCX is done with those sources (a rendezvous needs pe to progress), mpi
-  /// as flush(pe), at most UBEP_WAIT_TIMEOUT; free when nothing is in flight to pe. Communicates: ucx no
-  /// message of its own; mpi as flush(pe).
+  /// flush(pe); GPU-heap transfers complete. Blocks: ucx until UCX is done with those sources (a rendezvous needs
+  /// pe to progress), mpi as flush(pe), GPU-heap transfers until acknowledged, at most UBEP_WAIT_TIMEOUT; free
+  /// when nothing is in flight to pe. Communicates: ucx no message of its own; mpi as flush(pe).
   void flush_local(int pe);
 
   // ---- atomics on 64-bit words (8-byte aligned symmetric addresses) -----------------------------------
   // Atomicity (README "Atomics"): with load/store atomics (atomics_through_mpi() false) all kinds are
   // atomic with respect to each other; through MPI only one kind per word is (fetch_add/add, swap/set, or
-  // compare_swap, each with fetch), which this rank's own calls are checked for (Errc::unsupported).
+  // compare_swap, each with fetch) among atomics that may overlap. This rank's own calls are checked: an atomic of
+  // another kind while this rank's non-fetching atomic (add, set) on the word is still in flight throws
+  // Errc::unsupported; quiet() or flush(pe) completes them and forgets their kind (a fetching atomic is complete on
+  // return), so set, quiet(), barrier(), then compare_swap (an OpenSHMEM lock's release and take) is fine.
   // Every atomic first delivers this rank's deferred signals, so updates of one word stay in program order.
 
   /// Adds `value` to *dest on `pe`; returns the old value.
@@ -445,11 +467,16 @@ class Context {
                       SignalOp op, int pe);
   /// A signal update alone, ordered after every earlier put and put_nbi of this rank (to any peer, no
   /// fence needed): with load/store atomics a release store (or add); through MPI deferred, and
-  /// delivered after one flush per peer with data in flight.
+  /// delivered after one flush per peer with data in flight; with UCX in use, after a flush of the other ucx
+  /// peers that have puts of this rank in flight (one round trip for all of them), then one message to pe (the
+  /// stream to pe orders it after the puts to pe); there a signal to this rank itself (pe == rank()) is ordered
+  /// after this rank's puts to itself only, and never waits for a peer.
   /// @note Local completion: on return (nothing of the caller's is read later). Remote completion: with
   /// load/store atomics on return; through MPI delivered by this rank's next quiet(), flush(), fence(), wait,
-  /// test*, progress(), put_signal or atomic, complete at the next quiet() or flush(pe). Blocks: no.
-  /// Communicates: with pe.
+  /// test*, progress(), put_signal or atomic, complete at the next quiet() or flush(pe); ucx at the next quiet() or
+  /// flush(pe). Blocks: load/store, mpi and a signal to itself no; with UCX in use, for the flush of the other ucx
+  /// peers with puts in flight (none: no wait), at most UBEP_WAIT_TIMEOUT (Errc::timeout naming the peer; with the
+  /// default progress thread a computing peer still answers). Communicates: with pe (and those peers).
   void signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe);
   /// The current value of a local signal (an acquire load).
   /// @note Local completion: on return (the value read). Remote completion: none. Blocks: no. Communicates:

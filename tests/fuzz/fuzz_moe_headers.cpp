@@ -23,7 +23,9 @@ void expect_field(const std::string& why) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   ubep::fuzz::Bytes in(data, size);
-  const auto u64 = [&] { return in.u8() % 4 == 0 ? in.u32() | (static_cast<std::uint64_t>(in.u32()) << 32) : in.u16(); };
+  const auto u64 = [&] {
+    return in.u8() % 4 == 0 ? in.u32() | (static_cast<std::uint64_t>(in.u32()) << 32) : in.u16();
+  };
   const std::uint64_t capacity = in.u16() % 512, rows = in.u16() % 512, ranks = in.u8() % 64 + 1,
                       signals = in.u16() % 1024 + 1, row_bytes = in.u8() % 64 + 1, max_records = in.u16() % 256;
   const int local = in.u8() % 16 + 1, me = static_cast<int>(in.u8() % ranks);
@@ -55,7 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::uint64_t j = 0; j < h[0] && !in.empty(); ++j) {
       const std::uint32_t m = in.u8() % 12;
       std::vector<DdEntry> e(m);
-      for (auto& x : e) x = {in.u8() % 2 ? me : static_cast<std::int32_t>(in.u32()), static_cast<std::int32_t>(in.u8() % 20) - 2, 0.5f};
+      for (auto& x : e)
+        x = {in.u8() % 2 ? me : static_cast<std::int32_t>(in.u32()), static_cast<std::int32_t>(in.u8() % 20) - 2, 0.5f};
       std::string w = wire::check_record_count(m, max_m);
       if (w.empty()) w = wire::check_record_entries(e.data(), m, me, local);
       if (!w.empty()) return expect_field(w), 0;

@@ -45,7 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Target target(
       config, engine, slot_ptrs, [](int) {},
       [&](const ChunkHeader& h) {
-        UBEP_FUZZ_CHECK(completed.insert(h.transfer).second, "transfer " + std::to_string(h.transfer) + " completed twice");
+        UBEP_FUZZ_CHECK(completed.insert(h.transfer).second,
+                        "transfer " + std::to_string(h.transfer) + " completed twice");
       });
   target.set_dest_check([](const ChunkHeader& h) {
     return h.dest <= kDevice && h.total <= kDevice - h.dest ? std::string() : std::string("field 'dest': outside");

@@ -73,9 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (std::uint64_t i = 0; i < m.bytes; ++i) sum = sum + heap[m.offset + i];  // the reply's read
       break;
     }
-    default:
-      UBEP_FUZZ_CHECK(m.token != 0, "a request or answer without a token accepted");
-      break;
+    default: UBEP_FUZZ_CHECK(m.token != 0, "a request or answer without a token accepted"); break;
   }
   return 0;
 }
