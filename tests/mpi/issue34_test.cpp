@@ -48,6 +48,25 @@ bool am_peer(Context& ctx, int pe) {
   return ctx.info().ucx_peers.at(pe).rfind("am", 0) == 0;
 }
 
+/// The layout of the origin/peer tests: rank 0 reaches rank 1 over the ucx route in am mode (collective). When it
+/// does not, ctx is finalized and the caller skips.
+bool origin_reaches_peer(Context& ctx) {
+  const bool run = test::all_ranks(ctx.size() >= 2 && (ctx.rank() != 0 || am_peer(ctx, 1)));
+  if (!run) ctx.finalize();
+  return run;
+}
+constexpr const char* kNeedsPeer =
+    "needs rank 1 on the ucx route (am) from rank 0: run across (virtual) nodes or on UBEP_TRANSPORTS=ucx";
+
+/// opts(timeout, false) on the mpi route with signals as messages (UBEP_MPI_SIGNAL=message).
+Options message_signals(double timeout) {
+  Options o = opts(timeout, false);
+  o.transports = {"mpi"};
+  o.mpi_signal_message = true;
+  o.mpi_signal_put = false;
+  return o;
+}
+
 std::uint64_t load(const std::uint64_t& w) {
   return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(w)).load(std::memory_order_acquire);
 }
@@ -167,15 +186,10 @@ TEST(Issue34, ProgressThreadOptOut) {
 TEST(Issue34, TimedOutPutDoesNotPoisonThePeer) {
   Context ctx(MPI_COMM_WORLD, opts(0.5, false));
   const int me = ctx.rank(), peer = 1, origin = 0;
-  const bool run = test::all_ranks(ctx.size() >= 2 && (me != origin || am_peer(ctx, peer)));
+  if (!origin_reaches_peer(ctx)) GTEST_SKIP() << kNeedsPeer;
   auto data = ctx.alloc<std::uint8_t>(8u << 20);
   auto sig = ctx.alloc_signals(2);
   ctx.barrier();
-  if (!run) {
-    ctx.finalize();
-    GTEST_SKIP()
-        << "needs rank 1 on the ucx route (am) from rank 0: run across (virtual) nodes or on UBEP_TRANSPORTS=ucx";
-  }
   if (me == peer) {
     compute(2.0);
     ctx.signal_op(&sig[0], 1, SignalOp::set, origin);                                     // back
@@ -207,16 +221,11 @@ TEST(Issue34, TimedOutPutDoesNotPoisonThePeer) {
 TEST(Issue34, ThrottledGetNbiIsNotCounted) {
   Context ctx(MPI_COMM_WORLD, opts(0.5, false));
   const int me = ctx.rank(), peer = 1, origin = 0;
-  const bool run = test::all_ranks(ctx.size() >= 2 && (me != origin || am_peer(ctx, peer)));
+  if (!origin_reaches_peer(ctx)) GTEST_SKIP() << kNeedsPeer;
   auto data = ctx.alloc<std::uint64_t>(1);
   auto sig = ctx.alloc_signals(1);
-  data[0] = 0xabcdef;
-  ctx.barrier();
-  if (!run) {
-    ctx.finalize();
-    GTEST_SKIP() << "needs rank 1 on the ucx route (am) from rank 0";
-  }
   auto done = ctx.alloc_signals(1);
+  data[0] = 0xabcdef;
   ctx.barrier();
   if (me == peer) {
     compute(2.5);
@@ -321,11 +330,7 @@ TEST(Issue34, FlushLocalCompletesStagedPuts) {
 // signal still goes out), and once rank 1 is back it holds every signal. Before: one progress() blocked in MPI_Send
 // until rank 1 woke, and threw nothing.
 TEST(Issue34, MessageSignalsHaveADeadline) {
-  Options o = opts(1.0, false);
-  o.transports = {"mpi"};
-  o.mpi_signal_message = true;
-  o.mpi_signal_put = false;
-  Context ctx(MPI_COMM_WORLD, o);
+  Context ctx(MPI_COMM_WORLD, message_signals(1.0));
   const int me = ctx.rank();
   auto sig = ctx.alloc_signals(1);
   auto done = ctx.alloc_signals(1);
@@ -372,14 +377,10 @@ TEST(Issue34, MessageSignalsHaveADeadline) {
 TEST(Issue34, SignalOpToSelfWaitsForNoPeer) {
   Context ctx(MPI_COMM_WORLD, opts(0.5, false));
   const int me = ctx.rank(), peer = 1, origin = 0;
-  const bool run = test::all_ranks(ctx.size() >= 2 && (me != origin || am_peer(ctx, peer)));
+  if (!origin_reaches_peer(ctx)) GTEST_SKIP() << kNeedsPeer;
   auto data = ctx.alloc<std::uint8_t>(8u << 20);
   auto sig = ctx.alloc_signals(1);
   ctx.barrier();
-  if (!run) {
-    ctx.finalize();
-    GTEST_SKIP() << "needs rank 1 on the ucx route (am) from rank 0";
-  }
   std::vector<std::uint8_t> src(8u << 20, 3);  // put_nbi's source: alive until the quiet() that completes it
   if (me == peer) compute(2.0);
   if (me == origin) {
@@ -510,11 +511,7 @@ TEST(Issue34, AgreeNamesMustMatchValues) {
 // A wait that keeps receiving other signals must still time out: rank 1 keeps sending rank 0 signal messages on
 // another word for 4 s; rank 0's wait for a word nobody sets must end at its 0.5 s deadline.
 TEST(Issue34, WaitDeadlineHoldsWhileOtherSignalsArrive) {
-  Options o = opts(10.0, false);
-  o.transports = {"mpi"};
-  o.mpi_signal_message = true;
-  o.mpi_signal_put = false;
-  Context ctx(MPI_COMM_WORLD, o);
+  Context ctx(MPI_COMM_WORLD, message_signals(10.0));
   const int me = ctx.rank();
   auto busy = ctx.alloc_signals(1), never = ctx.alloc_signals(1), stop = ctx.alloc_signals(1);
   ctx.barrier();

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "base/log.hpp"
 #include "base/mpi_check.hpp"
