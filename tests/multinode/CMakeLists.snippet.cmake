@@ -75,8 +75,9 @@ function(ubep_add_multinode_test name)
   if(UBEP_MULTINODE_MPI STREQUAL "mpich" AND ARG_TIMEOUT GREATER 180)
     set(ARG_TIMEOUT 180)  # the suites take under 30 s with MPICH; a hang in MPI_Finalize (below) waits this long
   endif()
-  # emulate.sh kills the job and removes its namespaces before CTest would SIGKILL it (which no trap sees).
-  math(EXPR _inner "${ARG_TIMEOUT} - 15")
+  # emulate.sh kills the job and removes its namespaces before CTest would SIGKILL it (which no trap sees),
+  # after printing the ranks' stacks (at most 25 s).
+  math(EXPR _inner "${ARG_TIMEOUT} - 45")
   if(_inner LESS 10)
     set(_inner 10)
   endif()

@@ -38,7 +38,9 @@ Needs root and `ip netns`. Exit status: the MPI job's; 77 when this machine cann
                        (a Slurm topology file names them as NAMEn[0-3]). Do not use ubepmn<digits>:
                        cleanup.sh treats those as its own and reaps them when PID <digits> is gone.
   --timeout S          kill the job after S seconds, clean up, exit 124 (default: none). Use it under CTest,
-                       below the test's TIMEOUT: CTest kills with SIGKILL, which no trap can catch.
+                       below the test's TIMEOUT: CTest kills with SIGKILL, which no trap can catch. Before
+                       the kill, every process of the job but the launchers prints its threads' stacks
+                       (gdb, where installed; stderr), so that a hang can be read from the log
   --stats              print each node's mpi0 byte and drop counters and TCP retransmissions (stderr)
                        before tearing down (also printed whenever the job fails)
   --dry-run            print the topology and the launch command, create nothing
@@ -224,9 +226,25 @@ cleanup() {
   [[ -n $TMP && -d $TMP ]] && rm -rf -- "$TMP"
 }
 on_exit() { local rc=$?; cleanup; exit "$rc"; }
+# The stacks of the job's processes (not the launchers and shells): what a hang waits in. At most 8 s per
+# process and 25 s in all, so that the cleanup still runs before CTest's own kill.
+dump_stacks() {
+  command -v gdb >/dev/null || return 0
+  local ns p name start=$SECONDS
+  for ns in "${CREATED_NS[@]}"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do
+      name=$(cat "/proc/$p/comm" 2>/dev/null) || continue
+      case $name in mpirun* | orterun* | orted* | prte* | mpiexec* | hydra_* | sh | bash | unshare | ip | sleep | timeout) continue ;; esac
+      ((SECONDS - start < 25)) || { echo "$ME: --timeout: no time left for more stacks" >&2; return 0; }
+      echo "$ME: --timeout: stacks of pid $p ($name) in $ns:" >&2
+      timeout -k 2 8 gdb -p "$p" -batch -nx -ex 'thread apply all bt 24' 2>/dev/null | grep -E '^(Thread|#)' | cut -c1-200 >&2
+    done
+  done
+}
 on_signal() {
   GOT_SIGNAL=$1
   [[ $1 == TERM && -f ${TMP:-/nonexistent}/timed_out ]] && TIMED_OUT=1
+  ((TIMED_OUT)) && dump_stacks
   cleanup
   if ((TIMED_OUT)); then echo "$ME: timed out after ${TIMEOUT}s; job killed, namespaces removed" >&2; exit 124; fi
   echo "$ME: got SIG$1; job killed, namespaces removed" >&2
