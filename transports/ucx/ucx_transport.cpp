@@ -334,6 +334,19 @@ void UcxTransport::on_endpoint_error(int pe, ucs_status_t status) {
                 "network failed)";
 }
 
+void UcxTransport::fail_get(Pending& p, ucs_status_t status) {
+  // Where the endpoint failed, UCX has also called on_endpoint_error: the peer is unreachable from then on.
+  --gets_in_flight_[p.pe];
+  p.done = true;
+  p.failed = true;
+  keep_error(std::make_exception_ptr(Error(
+      Errc::unreachable, message_prefix(rank_, p.keep ? "get" : "get_nbi") + "the reply of rank " +
+                             std::to_string(p.pe) + " to a get of " + std::to_string(p.bytes) +
+                             " bytes failed: " + ucs_status_string(status) + " (the destination holds part of it)")));
+}
+
+void UcxTransport::fail_next_get_reply_for_testing() { fail_next_get_reply_ = true; }
+
 void UcxTransport::check_peer(int pe, const char* what) const {
   if (!failed_[pe].empty()) {
     throw Error(Errc::unreachable,
@@ -669,7 +682,12 @@ void UcxTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe)
   m.bytes = bytes;
   const std::uint64_t token = request(pe, m, get_reply, dst, bytes, true, "get");
   await("get", pe, token);
+  const bool failed = pending_.at(token).failed;
   pending_.erase(token);
+  if (failed) {  // the error kept by fail_get (or an earlier one), else the peer's failure
+    raise_kept();
+    check_peer(pe, "get");
+  }
 }
 
 void UcxTransport::get_nbi(void* dst, std::size_t offset, std::size_t bytes, int pe) {
@@ -1026,9 +1044,13 @@ void UcxTransport::drain() {
     void* req = ucp_am_recv_data_nbx(worker_, p.desc, p.dst, p.bytes, &rp);
     p.desc = nullptr;
     if (UCS_PTR_IS_ERR(req)) {
-      keep_error(std::make_exception_ptr(
-          Error(Errc::unreachable, message_prefix(rank_, "ucx") + "receiving a get reply of rank " +
-                                       std::to_string(p.pe) + " failed: " + ucs_status_string(UCS_PTR_STATUS(req)))));
+      fail_get(p, UCS_PTR_STATUS(req));
+      if (!p.keep) pending_.erase(it);
+      continue;
+    }
+    if (req == nullptr && std::exchange(fail_next_get_reply_, false)) {  // tests only
+      fail_get(p, UCS_ERR_ENDPOINT_TIMEOUT);
+      if (!p.keep) pending_.erase(it);
       continue;
     }
     if (req == nullptr) {  // received in the call
@@ -1042,11 +1064,17 @@ void UcxTransport::drain() {
   get_rndv_tokens_.clear();
   for (auto it = pending_.begin(); it != pending_.end();) {
     Pending& p = it->second;
-    if (p.req && ucp_request_check_status(p.req) != UCS_INPROGRESS) {
+    ucs_status_t st = p.req ? ucp_request_check_status(p.req) : UCS_INPROGRESS;
+    if (st == UCS_OK && std::exchange(fail_next_get_reply_, false)) st = UCS_ERR_ENDPOINT_TIMEOUT;  // tests only
+    if (st != UCS_INPROGRESS) {
       ucp_request_free(p.req);
       p.req = nullptr;
-      --gets_in_flight_[p.pe];
-      p.done = true;
+      if (st == UCS_OK) {
+        --gets_in_flight_[p.pe];
+        p.done = true;
+      } else {
+        fail_get(p, st);  // part of the reply may have landed: never reported as a completed get
+      }
       if (!p.keep) {
         it = pending_.erase(it);
         continue;

@@ -144,6 +144,9 @@ class UcxTransport final : public Transport {
   void send_raw_for_testing(int pe, const Msg& m, const void* payload, std::size_t bytes);
   /// Tests only: takes the next sequence number of the stream to pe (for a message sent by send_raw_for_testing).
   std::uint64_t take_sequence_for_testing(int pe);
+  /// Tests only: the next get reply received by rendezvous completes as failed (UCS_ERR_ENDPOINT_TIMEOUT), as when
+  /// its peer's endpoint fails mid-transfer.
+  void fail_next_get_reply_for_testing();
 
  private:
   struct Send {  // a send in flight: its header (or atomic operands) must live until UCX completes it
@@ -175,7 +178,8 @@ class UcxTransport final : public Transport {
     void* desc = nullptr;
     int pe = 0;
     bool done = false;
-    bool keep = false;  // a waiter erases it (blocking get, atomics, flushes); else erased when answered
+    bool keep = false;    // a waiter erases it (blocking get, atomics, flushes); else erased when answered
+    bool failed = false;  // done, but its reply never (fully) arrived: the waiter throws Errc::unreachable
   };
 
   /// Operations in flight (sends not locally complete plus answers awaited) before a new one first waits
@@ -232,6 +236,8 @@ class UcxTransport final : public Transport {
   void unmark(int pe);  // flushed: nothing to pe in flight
   /// Throws Errc::unreachable / Errc::protocol when pe failed or was isolated (for every operation to pe).
   void check_peer(int pe, const char* what) const;
+  /// A get whose reply could not be received (status): done and failed, its peer unreachable from now on.
+  void fail_get(Pending& p, ucs_status_t status);
   /// Keeps `error` for the caller's thread (the first one only, until thrown).
   void keep_error(std::exception_ptr error);
   /// The caller's thread: throws the kept error, once.
@@ -287,6 +293,7 @@ class UcxTransport final : public Transport {
   bool in_progress_ = false;
   bool in_thread_ = false;                      // the progress thread's pass is running: errors are kept, never thrown
   std::atomic<std::uint64_t> app_polls_{0};     // see app_polls()
+  bool fail_next_get_reply_ = false;            // fail_next_get_reply_for_testing
   bool closing_ = false;                        // the destructor runs: every arriving message is dropped
   std::vector<std::string> failed_;             // per pe: why it is unreachable (empty: reachable)
   std::vector<std::string> isolated_;           // per pe: the protocol violation that isolated it (empty: none)
