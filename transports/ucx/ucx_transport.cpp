@@ -345,7 +345,10 @@ void UcxTransport::fail_get(Pending& p, ucs_status_t status) {
                              " bytes failed: " + ucs_status_string(status) + " (the destination holds part of it)")));
 }
 
-void UcxTransport::fail_next_get_reply_for_testing() { fail_next_get_reply_ = true; }
+void UcxTransport::fail_next_get_reply_for_testing() {
+  const auto lock = guard();  // the progress thread reads it in drain()
+  fail_next_get_reply_ = true;
+}
 
 void UcxTransport::check_peer(int pe, const char* what) const {
   if (!failed_[pe].empty()) {
