@@ -69,11 +69,9 @@ int main(int argc, char** argv) {
                 global == 0 ? "all ranks passed" : "FAILED on at least one rank");
   }
 #if defined(MPICH_NUMVERSION) && MPICH_NUMVERSION < 40200000
-  // MPICH before 4.2 sometimes hangs in MPI_Finalize after every rank passed: one rank spins in
-  // ucp_worker_progress closing its UCX endpoints while its peer waits in the PMI barrier of MPI_Finalize
-  // and never progresses the disconnect (pmodels/mpich#6596; here about 1 run in 12 of a plain two-rank
-  // MPI program with UCX_TLS=tcp,self on this 2-core machine, also without it under load). The verdict is
-  // agreed above; a rank whose MPI_Finalize has not returned after 20 s says so and exits with it.
+  // MPICH before 4.2 sometimes hangs in MPI_Finalize after every rank passed (pmodels/mpich#6596; docs/MULTINODE.md,
+  // "Known problems"). The verdict is agreed above: a rank whose MPI_Finalize has not returned after 20 s exits with
+  // it.
   std::fflush(stdout);
   std::thread([rank, global] {
     std::this_thread::sleep_for(std::chrono::seconds(20));

@@ -334,10 +334,13 @@ void UcxTransport::on_endpoint_error(int pe, ucs_status_t status) {
                 "network failed)";
 }
 
-void UcxTransport::fail_get(Pending& p, ucs_status_t status) {
-  // Where the endpoint failed, UCX has also called on_endpoint_error: the peer is unreachable from then on.
+void UcxTransport::finish_get(Pending& p, ucs_status_t status) {
+  if (status == UCS_OK && std::exchange(fail_next_get_reply_, false)) status = UCS_ERR_ENDPOINT_TIMEOUT;  // tests
   --gets_in_flight_[p.pe];
   p.done = true;
+  if (status == UCS_OK) return;
+  // Part of the reply may have landed: never reported as a completed get. (Where the endpoint failed, UCX has also
+  // called on_endpoint_error, and the peer is unreachable from then on.)
   p.failed = true;
   keep_error(std::make_exception_ptr(Error(
       Errc::unreachable, message_prefix(rank_, p.keep ? "get" : "get_nbi") + "the reply of rank " +
@@ -687,9 +690,10 @@ void UcxTransport::get(void* dst, std::size_t offset, std::size_t bytes, int pe)
   await("get", pe, token);
   const bool failed = pending_.at(token).failed;
   pending_.erase(token);
-  if (failed) {  // the error kept by fail_get (or an earlier one), else the peer's failure
+  if (failed) {  // the error finish_get kept (or an earlier one)
     raise_kept();
-    check_peer(pe, "get");
+    throw Error(Errc::unreachable, message_prefix(rank_, "get") + "the reply of rank " + std::to_string(pe) +
+                                       " failed (the destination holds part of it)");
   }
 }
 
@@ -1046,38 +1050,21 @@ void UcxTransport::drain() {
     ucp_request_param_t rp{};
     void* req = ucp_am_recv_data_nbx(worker_, p.desc, p.dst, p.bytes, &rp);
     p.desc = nullptr;
-    if (UCS_PTR_IS_ERR(req)) {
-      fail_get(p, UCS_PTR_STATUS(req));
-      if (!p.keep) pending_.erase(it);
+    if (UCS_PTR_IS_PTR(req)) {
+      p.req = req;
       continue;
     }
-    if (req == nullptr && std::exchange(fail_next_get_reply_, false)) {  // tests only
-      fail_get(p, UCS_ERR_ENDPOINT_TIMEOUT);
-      if (!p.keep) pending_.erase(it);
-      continue;
-    }
-    if (req == nullptr) {  // received in the call
-      --gets_in_flight_[p.pe];
-      p.done = true;
-      if (!p.keep) pending_.erase(it);
-      continue;
-    }
-    p.req = req;
+    finish_get(p, UCS_PTR_STATUS(req));  // received in the call (UCS_OK), or failed at once
+    if (!p.keep) pending_.erase(it);
   }
   get_rndv_tokens_.clear();
   for (auto it = pending_.begin(); it != pending_.end();) {
     Pending& p = it->second;
-    ucs_status_t st = p.req ? ucp_request_check_status(p.req) : UCS_INPROGRESS;
-    if (st == UCS_OK && std::exchange(fail_next_get_reply_, false)) st = UCS_ERR_ENDPOINT_TIMEOUT;  // tests only
+    const ucs_status_t st = p.req ? ucp_request_check_status(p.req) : UCS_INPROGRESS;
     if (st != UCS_INPROGRESS) {
       ucp_request_free(p.req);
       p.req = nullptr;
-      if (st == UCS_OK) {
-        --gets_in_flight_[p.pe];
-        p.done = true;
-      } else {
-        fail_get(p, st);  // part of the reply may have landed: never reported as a completed get
-      }
+      finish_get(p, st);
       if (!p.keep) {
         it = pending_.erase(it);
         continue;

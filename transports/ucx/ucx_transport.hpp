@@ -236,8 +236,8 @@ class UcxTransport final : public Transport {
   void unmark(int pe);  // flushed: nothing to pe in flight
   /// Throws Errc::unreachable / Errc::protocol when pe failed or was isolated (for every operation to pe).
   void check_peer(int pe, const char* what) const;
-  /// A get whose reply could not be received (status): done and failed, its peer unreachable from now on.
-  void fail_get(Pending& p, ucs_status_t status);
+  /// A get whose reply was received by rendezvous with `status`: done, and failed (the error kept) unless UCS_OK.
+  void finish_get(Pending& p, ucs_status_t status);
   /// Keeps `error` for the caller's thread (the first one only, until thrown).
   void keep_error(std::exception_ptr error);
   /// The caller's thread: throws the kept error, once.
