@@ -44,7 +44,9 @@ struct Args {
   std::vector<std::string> routes{"default"};
   /// moe::Config::combine modes to run (per_expert, per_rank, per_node): one Context per (route, schedule,
   /// mode), each checked against a moe::BspLayer of the same mode.
-  std::vector<std::string> combine{"per_expert", "per_node"};
+  /// automatic (the default mode) runs the mode moe::resolve_combine names on the job's node map, and an
+  /// explicit entry of that same mode is dropped (it would time the same layer twice).
+  std::vector<std::string> combine{"automatic", "per_expert", "per_node"};
   bool float_partials = false;  // --float-partials: Config::float_partials for every layer
   std::string memory = "host";  // --memory: Config::memory for every layer, inputs and sums in GPU memory
   unsigned run_ahead = 0;       // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
@@ -167,6 +169,19 @@ struct Result {
   /// Per call and rank over the timed iterations: the mean over ranks (rounded to whole bytes) and the
   /// maximum over ranks.
   Bytes mean, max;
+  /// The memory floor of this implementation's call (floor_bytes ÷ the copy bandwidth, docs/MOE_BENCH.md):
+  /// the most any rank sent (all four byte columns) plus the expert-output rows its reduction reads.
+  std::uint64_t floor_bytes = 0;
+  double floor_us = 0.0;  // 0: no copy bandwidth measured (SimGrid)
+};
+
+/// The memory bandwidth of a plain copy (memcpy of buffers far beyond the caches) with every rank of the job
+/// copying at once: bytes copied per microsecond by one rank, the slowest rank's time, median of the repetitions;
+/// 0 under SimGrid (not measured).
+struct CopyBandwidth {
+  std::size_t buffer_bytes = 0;
+  int repetitions = 0;
+  double bytes_per_us = 0.0;
 };
 
 // ---- the cases (moe_bench_cases.cpp) -----------------------------------------------------------------
@@ -180,7 +195,9 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
                const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
                const std::vector<moe::LayerBase*>& bsp_check, moe::LayerBase& bsp_timed,
                const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap, ubep::Context* gpu,
-               std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc);
+               const CopyBandwidth& copy, std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc);
+/// Collective: measures CopyBandwidth (buffer_bytes per rank, each rank's two buffers its own).
+CopyBandwidth measure_copy_bandwidth(const Comm& comm, std::size_t buffer_bytes, int repetitions);
 
 // ---- reporting (moe_bench_report.cpp) ----------------------------------------------------------------
 

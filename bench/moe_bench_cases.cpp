@@ -431,7 +431,7 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
                const std::vector<Variant>& variants, const std::vector<moe::LayerBase*>& ubep_layers,
                const std::vector<moe::LayerBase*>& bsp_check, moe::LayerBase& bsp_timed,
                const std::vector<int>& node_of, unsigned run_ahead, std::size_t heap, ubep::Context* gpu,
-               std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc) {
+               const CopyBandwidth& copy, std::vector<std::pair<Result, Result>>& pairs, nlohmann::json& doc) {
   const int rank = comm.rank(), ranks = comm.size(), n = cfg.max_tokens_per_rank;
   const bool root = rank == 0;
   moe::LayerBase* bsp = &bsp_timed;
@@ -482,6 +482,15 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
       sums = maxima = per_call;
       comm.sum(sums);
       comm.max(maxima);
+      // The floor: per implementation the most any rank sent in one call, plus the expert-output rows (n x topk,
+      // each once) the weighted sums read.
+      std::vector<std::uint64_t> sent(impls.size(), 0);
+      for (std::size_t i = 0; i < impls.size(); ++i)
+        for (std::size_t c = 0; c < kColumns; ++c) sent[i] += per_call[i * kColumns + c];
+      comm.max(sent);
+      const std::uint64_t reduce_reads = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(cfg.topk) *
+                                         static_cast<std::uint64_t>(cfg.hidden) *
+                                         moe::element_size(moe::output_dtype(cfg.dtype));
       auto bytes_at = [&](const std::vector<std::uint64_t>& v, std::size_t i, std::uint64_t divisor) {
         const auto d = [&](std::size_t c) { return (v[i * kColumns + c] + divisor / 2) / divisor; };
         return Bytes{d(0), d(1), d(2), d(3)};
@@ -505,6 +514,8 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
         r.combine_us = median_of(samples[i], 1);
         r.layer_us = median_of(samples[i], 2);
         r.buffer_bytes = comm.max(static_cast<std::uint64_t>(impls[i]->buffer_bytes()));
+        r.floor_bytes = sent[i] + reduce_reads;
+        r.floor_us = copy.bytes_per_us > 0.0 ? static_cast<double>(r.floor_bytes) / copy.bytes_per_us : 0.0;
         r.iterations = iterations;
         r.warmup = warmup;
         r.run_ahead = ubep ? run_ahead : 0;
@@ -524,6 +535,28 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
       }
     }
   }
+}
+
+CopyBandwidth measure_copy_bandwidth(const Comm& comm, std::size_t buffer_bytes, int repetitions) {
+#if UBEP_SIMGRID  // simulated time does not count a memcpy, and every simulated rank's buffers share one process
+  (void)comm, (void)buffer_bytes, (void)repetitions;
+  return {};
+#else
+  std::vector<std::byte> src(buffer_bytes, std::byte{1}), dst(buffer_bytes, std::byte{0});
+  std::memcpy(dst.data(), src.data(), buffer_bytes);  // every page touched before the timing
+  std::vector<double> times;
+  for (int r = 0; r < repetitions; ++r) {
+    comm.barrier();
+    const double t0 = MPI_Wtime();
+    std::memcpy(dst.data(), src.data(), buffer_bytes);
+    asm volatile("" : : "r"(dst.data()) : "memory");  // the copy is used: no dead-store elimination
+    double dt = MPI_Wtime() - t0;
+    comm.max(std::span<double>(&dt, 1));
+    times.push_back(dt);
+  }
+  const double t = ubep::bench::median(std::move(times));
+  return {buffer_bytes, repetitions, t > 0.0 ? static_cast<double>(buffer_bytes) / (t * 1e6) : 0.0};
+#endif
 }
 
 }  // namespace ubep::bench::moe_bench

@@ -128,7 +128,6 @@ int run(const Args& a, const Comm& comm) {
   for (const std::string& s : schedules) (void)ubep::parse_schedule(s);  // throws on a bad name, before any work
   std::vector<moe::Combine> modes;
   for (const std::string& c : a.combine) modes.push_back(moe::parse_combine(c));
-  const std::size_t contexts_per_shape = a.routes.size() * schedules.size() * modes.size();
   for (const std::string& r : a.routing)
     if (r != "uniform" && r != "skewed") throw std::invalid_argument("--routing: unknown routing " + r);
   // The smallest budget of any rank, so that every rank lowers the run-ahead for the same sizes.
@@ -147,6 +146,22 @@ int run(const Args& a, const Comm& comm) {
     topology = probe.topology();
     probe.finalize();
   }
+  // --combine automatic: the mode it resolves to on this node map; an explicit entry of that mode is dropped.
+  std::string automatic_note;
+  if (std::find(modes.begin(), modes.end(), moe::Combine::automatic) != modes.end()) {
+    const moe::Combine resolved = moe::resolve_combine(moe::Combine::automatic, topology);
+    automatic_note = std::string("combine automatic (the default mode) is ") + moe::to_string(resolved) +
+                     " on this node map (moe::resolve_combine)";
+    if (const auto it = std::find(modes.begin(), modes.end(), resolved); it != modes.end()) {
+      modes.erase(it);
+      automatic_note += std::string("; --combine ") + moe::to_string(resolved) + " dropped: the automatic rows time it";
+    }
+  }
+  std::vector<std::string> mode_names;
+  for (const moe::Combine m : modes) mode_names.emplace_back(moe::to_string(m));
+  const std::size_t contexts_per_shape = a.routes.size() * schedules.size() * modes.size();
+  // The memory floor's bandwidth: a plain copy with every rank copying at once (64 MiB per rank, 16 with --quick).
+  const CopyBandwidth copy = measure_copy_bandwidth(comm, (a.quick ? 16u : 64u) << 20, a.quick ? 3 : 7);
   std::vector<int> node_of(static_cast<std::size_t>(ranks));
   for (int p = 0; p < ranks; ++p) node_of[static_cast<std::size_t>(p)] = topology.node_of(p);
   // Bytes every layer of the job sent (all calls: checks, warm-up and timed), this rank's, for the totals.
@@ -161,7 +176,12 @@ int run(const Args& a, const Comm& comm) {
   doc["bytes_statistic"] =
       "bytes_per_call: LayerBase::traffic() over the timed iterations divided by the calls, per rank; mean: the "
       "mean over ranks rounded to whole bytes, max: the maximum over ranks";
-  doc["combine"] = a.combine;
+  doc["combine"] = mode_names;
+  doc["kernels"] = moe::kernels();
+  doc["copy_bandwidth"] = {{"method", "memcpy, every rank at once, the slowest rank's time, median of the repetitions"},
+                           {"buffer_bytes", copy.buffer_bytes},
+                           {"repetitions", copy.repetitions},
+                           {"bytes_per_us_per_rank", copy.bytes_per_us}};
   doc["float_partials"] = a.float_partials;
   doc["memory"] = a.memory;
   doc["bsp_timed_combine"] = "per_expert";
@@ -358,7 +378,19 @@ int run(const Args& a, const Comm& comm) {
             "each checked bit for bit against a moe::BspLayer of its own mode; the bsp rows time the BspLayer with "
             "combine per_expert (a BspLayer moves one copy per (token, expert) each way in every mode, only its "
             "reduction differs)\n",
-            join(a.combine, ",").c_str(), a.float_partials ? "float" : "the output dtype");
+            join(mode_names, ",").c_str(), a.float_partials ? "float" : "the output dtype");
+        if (!automatic_note.empty()) std::printf("# %s\n", automatic_note.c_str());
+        std::printf("# MoE row kernels (UBEP_MOE_KERNELS, moe::kernels()): %s\n", moe::kernels());
+        if (copy.bytes_per_us <= 0.0) {
+          std::printf("# floor_us: not measured (SimGrid: simulated time does not count a memcpy)\n");
+        } else {
+          std::printf(
+              "# floor_us: the bytes the call must move (the most any rank sent, all four byte columns, plus the "
+              "expert-output rows its weighted sums read: tokens x topk rows) over the bandwidth of a plain copy with "
+              "every rank copying at once, %.0f MB/s per rank (memcpy of %s, median of %d); in ubep/bsp rows: "
+              "ubep's layer_us / its floor_us (compare on the cases without compute; the floor counts none)\n",
+              copy.bytes_per_us, mib(copy.buffer_bytes).c_str(), copy.repetitions);
+        }
         std::printf(
             "# expert: identity (outputs = its input buffer) + synthetic compute of 'compute' us per token "
             "(%s); correctness checked first with y = x*(1+0.01*(e+1)) against a serial reference\n",
@@ -396,7 +428,7 @@ int run(const Args& a, const Comm& comm) {
 
     try {
       run_shape(a, comm, cfg, iterations, warmup, variants, ubep_layers, bsp_check, bsp, node_of, run_ahead, heap,
-                cfg.memory == moe::Memory::device ? contexts.front().get() : nullptr, pairs, doc);
+                cfg.memory == moe::Memory::device ? contexts.front().get() : nullptr, copy, pairs, doc);
     } catch (const CheckFailed&) {
       release();
       throw;
@@ -526,11 +558,13 @@ int main(int argc, char** argv) {
                "moe::Config::float_partials for every layer: per_rank/per_node partial and node rows in float instead "
                "of the output dtype (the BSP baseline applies the same reduction; per_expert is unaffected)");
   app.add_option("--combine", a.combine,
-                 "moe::Config::combine modes of the ubep layer, a list of per_expert, per_rank, per_node; one Context "
-                 "per route, schedule and mode, each checked against a BspLayer of the same mode")
+                 "moe::Config::combine modes of the ubep layer, a list of automatic, per_expert, per_rank, per_node "
+                 "(automatic: the mode moe::resolve_combine names on this node map; an explicit entry of that mode is "
+                 "then dropped); one Context per route, schedule and mode, each checked against a BspLayer of the "
+                 "same mode")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::IsMember({"per_expert", "per_rank", "per_node"}));
+      ->check(CLI::IsMember({"automatic", "per_expert", "per_rank", "per_node"}));
   app.add_option("--memory", a.memory,
                  "where tokens, expert batches and sums live (moe::Config::memory, OSU's -d cuda): host, or device "
                  "(GPU memory: the inputs and sums in the GPU heap, every layer, ubep's and the baseline's, with "

@@ -24,7 +24,8 @@ namespace ubep::bench::moe_bench {
 
 namespace {
 
-const char* kRowFormat = "%8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %-10s %12s %12s %12s %11s %17s %17s %17s %17s\n";
+const char* kRowFormat =
+    "%8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %-10s %12s %12s %12s %11s %17s %17s %17s %17s %11s\n";
 
 /// A byte cell: "mean/max" in the unit of the max ("1.5/2.0KiB", "0/0B").
 std::string bytes_cell(std::uint64_t mean, std::uint64_t max) {
@@ -57,9 +58,10 @@ std::string human_bytes(double bytes) {
 }
 
 void print_columns() {
-  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %-10s %12s %12s %12s %11s %17s %17s %17s %17s\n", "# tokens",
-              "hidden", "topk", "experts", "dtype", "routing", "compute", "impl", "route", "schedule", "combine",
-              "dispatch_us", "combine_us", "layer_us", "buffer_MiB", "disp_on", "disp_off", "comb_on", "comb_off");
+  std::printf("%-8s %7s %5s %8s %6s %8s %8s %9s %-5s %-9s %-10s %12s %12s %12s %11s %17s %17s %17s %17s %11s\n",
+              "# tokens", "hidden", "topk", "experts", "dtype", "routing", "compute", "impl", "route", "schedule",
+              "combine", "dispatch_us", "combine_us", "layer_us", "buffer_MiB", "disp_on", "disp_off", "comb_on",
+              "comb_off", "floor_us");
 }
 
 void print_row(const Args& a, const Result& r) {
@@ -71,7 +73,8 @@ void print_row(const Args& a, const Result& r) {
               bytes_cell(r.mean.dispatch_on_node, r.max.dispatch_on_node).c_str(),
               bytes_cell(r.mean.dispatch_off_node, r.max.dispatch_off_node).c_str(),
               bytes_cell(r.mean.combine_on_node, r.max.combine_on_node).c_str(),
-              bytes_cell(r.mean.combine_off_node, r.max.combine_off_node).c_str());
+              bytes_cell(r.mean.combine_off_node, r.max.combine_off_node).c_str(),
+              r.floor_us > 0.0 ? fmt("%.1f", r.floor_us).c_str() : "-");
 }
 
 void print_ratio(const Args& a, const Result& u, const Result& b) {
@@ -83,7 +86,8 @@ void print_ratio(const Args& a, const Result& u, const Result& b) {
               bytes_ratio(u.mean.dispatch_on_node, b.mean.dispatch_on_node).c_str(),
               bytes_ratio(u.mean.dispatch_off_node, b.mean.dispatch_off_node).c_str(),
               bytes_ratio(u.mean.combine_on_node, b.mean.combine_on_node).c_str(),
-              bytes_ratio(u.mean.combine_off_node, b.mean.combine_off_node).c_str());
+              bytes_ratio(u.mean.combine_off_node, b.mean.combine_off_node).c_str(),
+              u.floor_us > 0.0 ? fmt("%.3f", u.layer_us / u.floor_us).c_str() : "-");
 }
 
 void print_off_node_ratios(const std::vector<Result>& ubep, const Result& b) {
@@ -133,7 +137,10 @@ nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
           {"warmup", r.warmup},
           {"run_ahead", r.run_ahead},
           {"heap_bytes", r.heap_bytes},
-          {"bytes_per_call", {{"mean", bytes(r.mean)}, {"max", bytes(r.max)}}}};
+          {"bytes_per_call", {{"mean", bytes(r.mean)}, {"max", bytes(r.max)}}},
+          {"floor_bytes", r.floor_bytes},
+          {"floor_us", r.floor_us > 0.0 ? nlohmann::json(r.floor_us) : nlohmann::json()},
+          {"layer_over_floor", r.floor_us > 0.0 ? nlohmann::json(r.layer_us / r.floor_us) : nlohmann::json()}};
 }
 
 namespace {
@@ -247,6 +254,23 @@ std::vector<std::string> summarize(const std::vector<std::pair<Result, Result>>&
                                   {"off_node_bytes_ratio_min", with_off ? nlohmann::json(lo) : nlohmann::json()},
                                   {"off_node_bytes_ratio_max", with_off ? nlohmann::json(hi) : nlohmann::json()}};
     }
+  }
+  // How far each mode is from the memory floor, over the cases without compute (the floor counts no compute).
+  for (const std::string& mode : modes) {
+    double lo = 0.0, hi = 0.0;
+    int cases = 0;
+    for (const auto& [u, b] : pairs) {
+      if (u.combine != mode || u.compute != 0.0 || u.floor_us <= 0.0) continue;
+      const double x = u.layer_us / u.floor_us;
+      lo = cases ? std::min(lo, x) : x;
+      hi = cases ? std::max(hi, x) : x;
+      ++cases;
+    }
+    if (!cases) continue;
+    lines.push_back(
+        fmt("combine %s: ubep/floor from %.2f to %.2f over its %d cases without compute", mode.c_str(), lo, hi, cases));
+    out["per_combine"][mode]["floor_ratio_min"] = lo;
+    out["per_combine"][mode]["floor_ratio_max"] = hi;
   }
   lines.push_back(
       "(dispatch+combine latency = layer_us of the cases without expert compute; layer time = layer_us with the "

@@ -35,7 +35,8 @@ import sys
 import tempfile
 
 FIELDS = ("impl", "label", "route", "schedule", "combine", "routing", "tokens", "hidden", "topk", "experts", "ranks",
-          "dtype", "memory", "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes", "bytes_per_call")
+          "dtype", "memory", "compute_us_per_token", "dispatch_us", "combine_us", "layer_us", "buffer_bytes", "bytes_per_call",
+          "floor_bytes", "floor_us", "layer_over_floor")
 BYTE_KEYS = ("dispatch_on_node", "dispatch_off_node", "combine_on_node", "combine_off_node")
 BYTE_CELL = re.compile(r"^[0-9]+(\.[0-9]+)?/[0-9]+(\.[0-9]+)?(B|KiB|MiB|GiB)$")
 METRICS = {
@@ -159,9 +160,15 @@ def check(args, command):
 
 
 def check_doc(doc, args):
-    for key in ("ubep_version", "mpi_library", "ranks", "nodes", "routes", "settings", "results", "summary"):
+    for key in ("ubep_version", "mpi_library", "ranks", "nodes", "routes", "settings", "results", "summary",
+                "kernels", "copy_bandwidth"):
         if key not in doc:
             fail(f"JSON lacks '{key}'")
+    if doc["kernels"] not in ("portable", "avx2", "avx512"):
+        fail(f"unknown row kernels {doc['kernels']!r}")
+    bw = doc["copy_bandwidth"].get("bytes_per_us_per_rank")
+    if not isinstance(bw, (int, float)) or not math.isfinite(bw) or bw <= 0:
+        fail(f"copy_bandwidth.bytes_per_us_per_rank = {bw!r}, expected a positive number")
     if args.ranks is not None and doc["ranks"] != args.ranks:
         fail(f"expected {args.ranks} ranks, JSON says {doc['ranks']}")
     if args.nodes is not None and doc["nodes"] != args.nodes:
@@ -177,10 +184,14 @@ def check_doc(doc, args):
         for field in FIELDS:
             if field not in rec:
                 fail(f"record {rec} lacks '{field}'")
-        for field in ("dispatch_us", "combine_us", "layer_us"):
+        for field in ("dispatch_us", "combine_us", "layer_us", "floor_us", "layer_over_floor"):
             v = rec[field]
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 fail(f"{field} = {v!r} in {rec}, expected a positive number")
+        if not isinstance(rec["floor_bytes"], int) or rec["floor_bytes"] <= 0:
+            fail(f"floor_bytes = {rec['floor_bytes']!r} in {rec}, expected a positive byte count")
+        if not math.isclose(rec["layer_over_floor"], rec["layer_us"] / rec["floor_us"], rel_tol=1e-6):
+            fail(f"layer_over_floor {rec['layer_over_floor']!r} is not layer_us / floor_us in {rec}")
         if not rec["buffer_bytes"] > 0:
             fail(f"buffer_bytes = {rec['buffer_bytes']!r} in {rec}")
         if rec["memory"] != doc.get("memory"):
@@ -278,10 +289,10 @@ def check_text(text, doc):
             line.startswith("# here:") for line in lines):
         fail("no summary next to the paper's figures")
     titles = [line for line in lines if line.startswith("# tokens") and "dispatch_us" in line][0].split()[1:]
-    if titles[-4:] != ["disp_on", "disp_off", "comb_on", "comb_off"] or titles[10] != "combine":
+    if titles[-5:] != ["disp_on", "disp_off", "comb_on", "comb_off", "floor_us"] or titles[10] != "combine":
         fail(f"unexpected column titles {titles}")
     rows = [line.split() for line in lines if line.strip() and not line.startswith("#")]
-    if any(len(r) != 19 for r in rows):
+    if any(len(r) != 20 for r in rows):
         fail("table rows of an unexpected shape")
     data = [r for r in rows if r[7] in ("ubep", "bsp")]
     ratios = [r for r in rows if r[7] == "ubep/bsp"]
@@ -293,12 +304,18 @@ def check_text(text, doc):
                                                                  for r in doc["results"]):
         fail("the table's (impl, route, schedule, combine) cells differ from the JSON records'")
     for r in data:
-        if not all(BYTE_CELL.match(c) for c in r[15:]):
+        if not all(BYTE_CELL.match(c) for c in r[15:19]):
             fail(f"row {r}: byte cells are not mean/max<unit>")
+        if not re.match(r"^[0-9]+\.[0-9]$", r[19]) or float(r[19]) <= 0:
+            fail(f"row {r}: floor_us {r[19]!r} is not a positive number")
     for r in ratios:
-        for c in r[15:]:
+        for c in r[15:19]:
             if c != "-" and not re.match(r"^[0-9]+\.[0-9]{3}$", c):
                 fail(f"ratio row {r}: byte ratio {c!r}")
+        if not re.match(r"^[0-9]+\.[0-9]{3}$", r[19]) or float(r[19]) <= 0:
+            fail(f"ratio row {r}: ubep/floor {r[19]!r} is not a positive ratio")
+    if not any(line.startswith("# floor_us: ") for line in lines):
+        fail("no header line saying how floor_us is computed")
     if len(ratios) != sum(1 for r in doc["results"] if r["impl"] == "ubep"):
         fail("not one ubep/bsp ratio row per ubep record")
     cases = sum(1 for r in doc["results"] if r["impl"] == "bsp")

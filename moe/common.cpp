@@ -33,6 +33,7 @@ const char* to_string(Combine c) noexcept {
     case Combine::per_expert: return "per_expert";
     case Combine::per_rank: return "per_rank";
     case Combine::per_node: return "per_node";
+    case Combine::automatic: return "automatic";
   }
   return "?";
 }
@@ -41,8 +42,14 @@ Combine parse_combine(const std::string& name) {
   if (name == "per_expert") return Combine::per_expert;
   if (name == "per_rank") return Combine::per_rank;
   if (name == "per_node") return Combine::per_node;
+  if (name == "automatic" || name == "auto") return Combine::automatic;
   throw Error(Errc::invalid_argument,
-              "ubep: moe: unknown combine mode '" + name + "' (per_expert, per_rank, per_node)");
+              "ubep: moe: unknown combine mode '" + name + "' (per_expert, per_rank, per_node, automatic)");
+}
+
+Combine resolve_combine(Combine c, const Topology& topology) {
+  if (c != Combine::automatic) return c;
+  return topology.num_nodes() > 1 ? Combine::per_node : Combine::per_expert;
 }
 
 const char* to_string(Memory m) noexcept {
@@ -72,7 +79,9 @@ std::pair<std::size_t, std::size_t> device_rows(const Config& c, int ranks) {
 }
 
 bool valid(Memory m) { return m == Memory::host || m == Memory::device; }
-bool valid(Combine c) { return c == Combine::per_expert || c == Combine::per_rank || c == Combine::per_node; }
+bool valid(Combine c) {
+  return c == Combine::per_expert || c == Combine::per_rank || c == Combine::per_node || c == Combine::automatic;
+}
 bool valid(DType t) {
   switch (t) {
     case DType::f32:
@@ -185,10 +194,17 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
   }
   if (!valid(c.combine)) {
     bad("combine=" + std::to_string(static_cast<int>(c.combine)) +
-        " is not a moe::Combine (per_expert=0, per_rank=1, per_node=2)");
+        " is not a moe::Combine (per_expert=0, per_rank=1, per_node=2, automatic=3)");
   }
   if (!valid(c.memory)) {
     bad("memory=" + std::to_string(static_cast<int>(c.memory)) + " is not a moe::Memory (host=0, device=1)");
+  }
+  // The row kernels (UBEP_MOE_KERNELS), resolved here so that a bad choice fails at construction, naming the rank.
+  try {
+    (void)kernels();
+  } catch (const Error& e) {
+    const std::string what = e.what(), drop = "ubep: moe: ";
+    throw Error(e.code(), pre + (what.rfind(drop, 0) == 0 ? what.substr(drop.size()) : what));
   }
   // Host-side buffers (per-expert counts, one scratch row) grow with these outside any heap check, so
   // they are bounded: 2^20 experts, rows of 2^20 elements (found by fuzz_moe_validation).
@@ -233,6 +249,7 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
   }
   node_.resize(size_);
   for (int p = 0; p < size_; ++p) node_[p] = ctx.topology().node_of(p);
+  config_.combine = resolve_combine(c.combine, ctx.topology());
 }
 
 void LayerBase::count(bool dispatch, int pe, std::size_t bytes) {

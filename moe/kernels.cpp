@@ -2,7 +2,12 @@
 #include "moe/kernels.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "ubep/error.hpp"
 
 namespace ubep::moe {
 
@@ -28,120 +33,235 @@ void regroup_tokens(std::span<const int> counts, std::span<const std::byte* cons
   }
 }
 
-void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
-                    std::span<const int> pos, std::span<const std::size_t> coffset, const std::byte* combine,
-                    std::size_t row_bytes, bool f32, std::size_t hidden, std::span<float> out) {
-  const int k = topk, L = map.max_local();
-  const int n = static_cast<int>(idx.size() / static_cast<std::size_t>(k));
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (int t = 0; t < n; ++t) {
-    float* o = out.data() + static_cast<std::size_t>(t) * hidden;
-    for (int a = 0; a < k; ++a) {
-      const int e = idx[static_cast<std::size_t>(t) * k + a], d = map.owner(e), le = e - map.first(d);
-      const std::size_t slot = coffset[static_cast<std::size_t>(d) * L + le] + pos[static_cast<std::size_t>(t) * k + a];
-      const std::byte* y = combine + slot * row_bytes;
-      const float w = weights[static_cast<std::size_t>(t) * k + a];
-      if (f32) {
-        const float* v = reinterpret_cast<const float*>(y);
-        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * v[i];
-      } else {
-        const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(y);
-        for (std::size_t i = 0; i < hidden; ++i) o[i] += w * bf16_bits_to_float(v[i]);
-      }
-    }
+namespace {
+
+// ---- the portable set: plain loops (GCC vectorizes them for the build's baseline, SSE2) ----------------
+
+void p_madd_bf16(float* acc, const std::uint16_t* v, std::size_t n, float w, bool first) {
+  if (first) {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + w * bf16_bits_to_float(v[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += w * bf16_bits_to_float(v[i]);
   }
 }
+void p_madd_f32(float* acc, const float* v, std::size_t n, float w, bool first) {
+  if (first) {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + w * v[i];
+  } else {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += w * v[i];
+  }
+}
+void p_add_bf16(float* acc, const std::uint16_t* v, std::size_t n, bool first) {
+  if (first) {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + bf16_bits_to_float(v[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += bf16_bits_to_float(v[i]);
+  }
+}
+void p_add_f32(float* acc, const float* v, std::size_t n, bool first) {
+  if (first) {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + v[i];
+  } else {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += v[i];
+  }
+}
+void p_store_bf16(const float* acc, std::uint16_t* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(acc[i]);
+}
+void p_add_rounded(float* o, const float* ns, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) o[i] += bf16_bits_to_float(float_to_bf16_bits(ns[i]));
+}
+
+constexpr RowKernels kPortable{"portable", p_madd_bf16, p_madd_f32, p_add_bf16, p_add_f32, p_store_bf16, p_add_rounded};
+
+constexpr KernelPath kPaths[] = {KernelPath::portable, KernelPath::avx2, KernelPath::avx512};
+
+std::atomic<const RowKernels*> g_active{nullptr};
+
+/// UBEP_MOE_KERNELS as a path; throws as active_path() documents.
+KernelPath path_from_env() {
+  const char* v = std::getenv("UBEP_MOE_KERNELS");
+  const std::string name = v ? v : "";
+  if (name.empty() || name == "auto") {
+    for (const KernelPath p : {KernelPath::avx512, KernelPath::avx2})
+      if (supported(p)) return p;
+    return KernelPath::portable;
+  }
+  for (const KernelPath p : kPaths) {
+    if (name != to_string(p)) continue;
+    if (!supported(p)) {
+      throw Error(Errc::unsupported, "ubep: moe: UBEP_MOE_KERNELS=" + name +
+                                         ": this CPU (or this build) does not run it; auto picks the fastest it runs");
+    }
+    return p;
+  }
+  throw Error(Errc::invalid_argument,
+              "ubep: moe: UBEP_MOE_KERNELS='" + name + "' is not a kernel path (auto, portable, avx2, avx512)");
+}
+
+/// The active set (resolved from the environment at the first call).
+const RowKernels& K() {
+  const RowKernels* k = g_active.load(std::memory_order_acquire);
+  return k ? *k : row_kernels(active_path());
+}
+
+}  // namespace
+
+const char* to_string(KernelPath p) noexcept {
+  switch (p) {
+    case KernelPath::portable: return "portable";
+    case KernelPath::avx2: return "avx2";
+    case KernelPath::avx512: return "avx512";
+  }
+  return "?";
+}
+
+#if UBEP_MOE_X86_KERNELS
+bool supported(KernelPath p) noexcept {
+  __builtin_cpu_init();
+  switch (p) {
+    case KernelPath::portable: return true;
+    case KernelPath::avx2: return __builtin_cpu_supports("avx2");
+    case KernelPath::avx512: return __builtin_cpu_supports("avx512f");
+  }
+  return false;
+}
+const RowKernels& row_kernels(KernelPath p) noexcept {
+  switch (p) {
+    case KernelPath::avx2: return avx2_kernels();
+    case KernelPath::avx512: return avx512_kernels();
+    case KernelPath::portable: break;
+  }
+  return kPortable;
+}
+#else
+bool supported(KernelPath p) noexcept { return p == KernelPath::portable; }
+const RowKernels& row_kernels(KernelPath) noexcept { return kPortable; }
+#endif
+
+KernelPath active_path() {
+  const RowKernels* k = g_active.load(std::memory_order_acquire);
+  if (!k) {
+    const RowKernels* expected = nullptr;
+    g_active.compare_exchange_strong(expected, &row_kernels(path_from_env()), std::memory_order_acq_rel);
+    k = g_active.load(std::memory_order_acquire);
+  }
+  for (const KernelPath p : kPaths)
+    if (supported(p) && &row_kernels(p) == k) return p;
+  return KernelPath::portable;
+}
+
+void set_active_path(KernelPath p) {
+  if (!supported(p)) {
+    throw Error(Errc::unsupported, std::string("ubep: moe: kernel path ") + to_string(p) + " does not run on this CPU");
+  }
+  g_active.store(&row_kernels(p), std::memory_order_release);
+}
+
+const char* kernels() { return to_string(active_path()); }
 
 namespace {
 constexpr std::size_t kBlock = 256;  // floats of a block: 1 KiB, in L1 with its inputs
 
 /// acc[0..n) (op)= row[off..off+n) as floats, times w; first: acc = 0 + w * row.
-inline void madd(float* acc, const std::byte* row, bool f32, std::size_t off, std::size_t n, float w, bool first) {
+inline void madd(const RowKernels& k, float* acc, const std::byte* row, bool f32, std::size_t off, std::size_t n,
+                 float w, bool first) {
   if (f32) {
-    const float* v = reinterpret_cast<const float*>(row) + off;
-    if (first) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + w * v[i];
-    } else {
-      for (std::size_t i = 0; i < n; ++i) acc[i] += w * v[i];
-    }
+    k.madd_f32(acc, reinterpret_cast<const float*>(row) + off, n, w, first);
   } else {
-    const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(row) + off;
-    if (first) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + w * bf16_bits_to_float(v[i]);
-    } else {
-      for (std::size_t i = 0; i < n; ++i) acc[i] += w * bf16_bits_to_float(v[i]);
-    }
+    k.madd_bf16(acc, reinterpret_cast<const std::uint16_t*>(row) + off, n, w, first);
   }
 }
 /// acc = 0 + row (first) or acc += row, for rows of type R (no weight: not even a multiplication by 1).
-inline void add(float* acc, const std::byte* row, bool f32, std::size_t off, std::size_t n, bool first) {
+inline void add(const RowKernels& k, float* acc, const std::byte* row, bool f32, std::size_t off, std::size_t n,
+                bool first) {
   if (f32) {
-    const float* v = reinterpret_cast<const float*>(row) + off;
-    if (first) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + v[i];
-    } else {
-      for (std::size_t i = 0; i < n; ++i) acc[i] += v[i];
-    }
+    k.add_f32(acc, reinterpret_cast<const float*>(row) + off, n, first);
   } else {
-    const std::uint16_t* v = reinterpret_cast<const std::uint16_t*>(row) + off;
-    if (first) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + bf16_bits_to_float(v[i]);
-    } else {
-      for (std::size_t i = 0; i < n; ++i) acc[i] += bf16_bits_to_float(v[i]);
-    }
+    k.add_bf16(acc, reinterpret_cast<const std::uint16_t*>(row) + off, n, first);
   }
 }
 /// dst[off..off+n) = round(acc) as type R.
-inline void store(const float* acc, std::byte* dst, bool f32, std::size_t off, std::size_t n) {
+inline void store(const RowKernels& k, const float* acc, std::byte* dst, bool f32, std::size_t off, std::size_t n) {
   if (f32) {
     std::memcpy(reinterpret_cast<float*>(dst) + off, acc, n * sizeof(float));
   } else {
-    std::uint16_t* d = reinterpret_cast<std::uint16_t*>(dst) + off;
-    for (std::size_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(acc[i]);
+    k.store_bf16(acc, reinterpret_cast<std::uint16_t*>(dst) + off, n);
   }
 }
 }  // namespace
 
+void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
+                    std::span<const int> pos, std::span<const std::size_t> coffset, const std::byte* combine,
+                    std::size_t row_bytes, bool f32, std::size_t hidden, std::span<float> out) {
+  const RowKernels& k = K();
+  const int L = map.max_local();
+  const std::size_t kk = static_cast<std::size_t>(topk);
+  const std::size_t n = idx.size() / kk;
+  constexpr std::size_t kMaxK = 64;  // rows of a token at hand at once; a larger topk goes in chunks of rows
+  const std::byte* rows[kMaxK];
+  for (std::size_t t = 0; t < n; ++t) {
+    float* o = out.data() + t * hidden;
+    for (std::size_t a0 = 0; a0 < kk; a0 += kMaxK) {
+      const std::size_t m = std::min(kMaxK, kk - a0);
+      for (std::size_t a = 0; a < m; ++a) {
+        const int e = idx[t * kk + a0 + a], d = map.owner(e), le = e - map.first(d);
+        const std::size_t slot = coffset[static_cast<std::size_t>(d) * L + le] + pos[t * kk + a0 + a];
+        rows[a] = combine + slot * row_bytes;
+      }
+      // Block by block, so that out[t] is written once per chunk of rows; per element the order stays
+      // 0 + w[0] * y[0] + w[1] * y[1] + ..., as documented.
+      for (std::size_t off = 0; off < hidden; off += kBlock) {
+        const std::size_t b = std::min(kBlock, hidden - off);
+        for (std::size_t a = 0; a < m; ++a) {
+          madd(k, o + off, rows[a], f32, off, b, weights[t * kk + a0 + a], a0 + a == 0);
+        }
+      }
+    }
+  }
+}
+
 void partial_row(std::span<const float> w, std::span<const std::byte* const> y, bool y_f32, std::size_t hidden,
                  bool r_f32, std::byte* dst) {
+  const RowKernels& k = K();
   float acc[kBlock];
   for (std::size_t off = 0; off < hidden; off += kBlock) {
     const std::size_t n = std::min(kBlock, hidden - off);
     if (w.empty()) std::fill(acc, acc + n, 0.0f);
-    for (std::size_t a = 0; a < w.size(); ++a) madd(acc, y[a], y_f32, off, n, w[a], a == 0);
-    store(acc, dst, r_f32, off, n);
+    for (std::size_t a = 0; a < w.size(); ++a) madd(k, acc, y[a], y_f32, off, n, w[a], a == 0);
+    store(k, acc, dst, r_f32, off, n);
   }
 }
 
 void node_row(std::span<const std::byte* const> rows, bool r_f32, std::size_t hidden, std::byte* dst) {
+  const RowKernels& k = K();
   float acc[kBlock];
   for (std::size_t off = 0; off < hidden; off += kBlock) {
     const std::size_t n = std::min(kBlock, hidden - off);
     if (rows.empty()) std::fill(acc, acc + n, 0.0f);
-    for (std::size_t r = 0; r < rows.size(); ++r) add(acc, rows[r], r_f32, off, n, r == 0);
-    store(acc, dst, r_f32, off, n);
+    for (std::size_t r = 0; r < rows.size(); ++r) add(k, acc, rows[r], r_f32, off, n, r == 0);
+    store(k, acc, dst, r_f32, off, n);
   }
 }
 
 void reduce_token(std::span<const NodeTerm> terms, bool r_f32, std::size_t hidden, float* out) {
+  const RowKernels& k = K();
   float ns[kBlock];
-  std::uint16_t rounded[kBlock];
   for (std::size_t off = 0; off < hidden; off += kBlock) {
     const std::size_t n = std::min(kBlock, hidden - off);
     float* o = out + off;
     std::fill(o, o + n, 0.0f);
     for (const NodeTerm& t : terms) {
       if (t.node_row) {
-        add(o, t.node_row, r_f32, off, n, false);
+        add(k, o, t.node_row, r_f32, off, n, false);
         continue;
       }
       if (t.rows.empty()) std::fill(ns, ns + n, 0.0f);
-      for (std::size_t r = 0; r < t.rows.size(); ++r) add(ns, t.rows[r], r_f32, off, n, r == 0);
+      for (std::size_t r = 0; r < t.rows.size(); ++r) add(k, ns, t.rows[r], r_f32, off, n, r == 0);
       if (t.round && !r_f32) {
-        for (std::size_t i = 0; i < n; ++i) rounded[i] = float_to_bf16_bits(ns[i]);
-        for (std::size_t i = 0; i < n; ++i) o[i] += bf16_bits_to_float(rounded[i]);
+        k.add_rounded(o, ns, n);
       } else {
-        for (std::size_t i = 0; i < n; ++i) o[i] += ns[i];
+        k.add_f32(o, ns, n, false);
       }
     }
   }

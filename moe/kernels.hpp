@@ -9,19 +9,24 @@
 #include <cstdint>
 #include <span>
 
+#include "moe/row_kernels.hpp"
 #include "ubep/moe.hpp"
 
 namespace ubep::moe {
 
-/// bfloat16 bits to float, inline: the exported bf16_to_float would be a PLT call per element.
-inline float bf16_bits_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
-/// float to bfloat16 bits, round to nearest even (NaN stays NaN), inline for the same reason.
-inline std::uint16_t float_to_bf16_bits(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
+/// The kernel paths, slowest first. Which ones this CPU runs: supported().
+enum class KernelPath : std::uint8_t { portable, avx2, avx512 };
+const char* to_string(KernelPath p) noexcept;
+/// Whether this build and this CPU run `p` (portable always; avx2 needs AVX2, avx512 AVX-512F).
+bool supported(KernelPath p) noexcept;
+/// The set of `p`; `p` must be supported.
+const RowKernels& row_kernels(KernelPath p) noexcept;
+/// The path the loops below use: UBEP_MOE_KERNELS (auto, portable, avx2, avx512), read at the first call;
+/// auto (or unset) is the fastest supported path. Throws Errc::invalid_argument naming the variable for an
+/// unknown name, Errc::unsupported for a path this CPU does not run (and again at every later call).
+KernelPath active_path();
+/// Tests and bench/micro: makes `p` the path of the loops below for the whole process (it must be supported).
+void set_active_path(KernelPath p);
 
 /// Copies token toks[j] (`payload` bytes at tokens + toks[j] * payload) to dst + j * stride, followed by
 /// its 4-byte scale scales[toks[j]] when `scales` is not empty (e4m3).

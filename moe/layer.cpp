@@ -81,13 +81,18 @@ Geometry geometry(const Config& c, const ExpertMap& map) {
 }
 }  // namespace
 
-std::size_t Layer::heap_bytes(const Config& c, const Topology& t, unsigned run_ahead) {
+std::size_t Layer::heap_bytes(const Config& config, const Topology& t, unsigned run_ahead) {
+  Config c = config;
+  c.combine = resolve_combine(c.combine, t);
   if (c.combine == Combine::per_expert) return heap_bytes(c, t.size(), run_ahead);
   return dedup_heap_bytes(c, t, run_ahead);
 }
 
 std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
-  if (c.combine != Combine::per_expert) return dedup_heap_bytes(c, std::vector<int>(std::max(ranks, 1), 0), run_ahead);
+  // One node: automatic is per_expert (resolve_combine).
+  if (c.combine != Combine::per_expert && c.combine != Combine::automatic) {
+    return dedup_heap_bytes(c, std::vector<int>(std::max(ranks, 1), 0), run_ahead);
+  }
   const ExpertMap map{c.num_experts, ranks};
   const std::size_t P = ranks, S = run_ahead, M = c.max_tokens_per_rank;
   const Geometry g = geometry(c, map);
@@ -113,8 +118,8 @@ void Layer::check_heap(std::size_t need) const {
   }
 }
 
-Layer::Layer(Context& ctx, const Config& config)
-    : LayerBase(ctx, config, "moe::Layer"), impl_(std::make_unique<Impl>()) {
+Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"), impl_(std::make_unique<Impl>()) {
+  const Config& config = config_;  // Config::combine resolved
   if (config.combine != Combine::per_expert) {
     dedup_ = std::make_unique<Dedup>(*this, ctx);
     return;

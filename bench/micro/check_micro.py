@@ -7,7 +7,7 @@ Usage: check_micro.py [--families P,...] FILE [-- ./ubep_micro_bench --benchmark
 With a command, removes FILE, runs the command and requires exit status 0; then (with or without a
 command) fails (exit 1) unless FILE
   - exists and parses as JSON, with a non-empty `benchmarks` list;
-  - has at least one entry of every family, by name prefix: pack/, regroup/, reduce/, convert/,
+  - has at least one entry of every family, by name prefix: pack/, regroup/, reduce/, kernels/, convert/,
     schedule/, heap/ (or those given with --families, e.g. calls/,dispatch_copy/ for ubep_micro_calls);
   - has in every entry a name, a positive finite real_time, a positive iteration count, and no
     error_occurred.
@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-FAMILIES = ("pack/", "regroup/", "reduce/", "convert/", "schedule/", "heap/")
+FAMILIES = ("pack/", "regroup/", "reduce/", "kernels/", "convert/", "schedule/", "heap/")
 
 
 def fail(msg):

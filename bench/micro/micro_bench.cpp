@@ -1,6 +1,8 @@
 // Single-process micro-benchmarks (Google Benchmark) of ubep's CPU hot paths, no MPI:
 //   pack/, regroup/, reduce/  the MoE layer's token pack, regroup and combine reduction: the very functions
 //                             both layers call (moe/kernels.hpp), on the strides the layers use;
+//   kernels/                  the owner's partial row per row-kernel path (portable, avx2, avx512) against
+//                             memcpy of as many bytes, in GB/s of bytes read and written;
 //   convert/                  the bf16 and e4m3 conversions of ubep/moe.hpp;
 //   schedule/                 the all-to-all schedules of a synthetic 1024-rank Topology;
 //   heap/                     the symmetric heap's allocator (runtime/heap.hpp), allocate/release patterns.
@@ -272,6 +274,76 @@ BENCHMARK_CAPTURE(BM_reduce, f32, DType::f32)
     ->ArgNames({"hidden", "tokens"})
     ->Args({4096, 256})
     ->Unit(benchmark::kMicrosecond);
+
+// --- kernels: the reductions per row-kernel path, against memcpy ---------------------------------------
+// One iteration runs, for `tokens` tokens of hidden 7168, the owner's partial row of top-8 bf16 expert
+// outputs (partial_row: 8 rows read, one bf16 row written) under one path (portable, avx2, avx512: those this
+// CPU runs, forced with set_active_path), or memcpy of the same bytes. Bytes per second count every byte read
+// and written (memcpy: its source and its destination), so the GB/s of a kernel and of memcpy compare: a
+// kernel at memcpy's rate runs at the memory's speed. 512 tokens: 58 MiB of rows, beyond the caches.
+constexpr int kKernelHidden = 7168, kKernelTokens = 512, kKernelRows = 8;
+
+struct KernelInput {
+  std::vector<std::uint16_t> y, out;
+  std::vector<std::byte> src, dst;  // memcpy: bytes read and written as partial_row reads and writes
+};
+
+std::size_t kernel_bytes() {  // read + written per iteration
+  return static_cast<std::size_t>(kKernelTokens) * kKernelHidden * 2 * (kKernelRows + 1);
+}
+
+KernelInput& kernel_input() {
+  return cached<KernelInput>("kernels", Shape{DType::bf16, kKernelHidden, kKernelTokens}, [] {
+    KernelInput k;
+    const std::size_t rows = static_cast<std::size_t>(kKernelTokens) * kKernelRows;
+    k.y.resize(rows * kKernelHidden);
+    for (std::size_t i = 0; i < k.y.size(); ++i) k.y[i] = ubep::moe::float_to_bf16(static_cast<float>(i % 251) * 0.01f);
+    k.out.resize(static_cast<std::size_t>(kKernelTokens) * kKernelHidden);
+    k.src.resize(kernel_bytes() / 2);  // memcpy reads and writes as many bytes as partial_row moves
+    k.dst.resize(k.src.size());
+    return k;
+  });
+}
+
+void BM_partial_row(benchmark::State& state, ubep::moe::KernelPath path) {
+  KernelInput& in = kernel_input();
+  const ubep::moe::KernelPath before = ubep::moe::active_path();
+  ubep::moe::set_active_path(path);
+  const float w[kKernelRows] = {0.31f, 0.12f, 0.09f, 0.2f, 0.05f, 0.08f, 0.1f, 0.05f};
+  const std::size_t row = kKernelHidden;
+  for (auto _ : state) {
+    for (int t = 0; t < kKernelTokens; ++t) {
+      const std::byte* y[kKernelRows];
+      for (int a = 0; a < kKernelRows; ++a)
+        y[a] = reinterpret_cast<const std::byte*>(in.y.data() + (static_cast<std::size_t>(t) * kKernelRows + a) * row);
+      ubep::moe::partial_row(w, y, false, row, false, reinterpret_cast<std::byte*>(in.out.data() + t * row));
+    }
+    benchmark::ClobberMemory();
+  }
+  ubep::moe::set_active_path(before);
+  set_rates(state, kKernelTokens, kernel_bytes());
+}
+
+void BM_kernel_memcpy(benchmark::State& state) {
+  KernelInput& in = kernel_input();
+  for (auto _ : state) {
+    std::memcpy(in.dst.data(), in.src.data(), in.src.size());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, kKernelTokens, 2 * in.src.size());
+}
+
+// The paths this CPU runs, registered at start-up (an unsupported path would be an error, not a skip).
+const bool g_kernel_benchmarks = [] {
+  for (const auto p : {ubep::moe::KernelPath::portable, ubep::moe::KernelPath::avx2, ubep::moe::KernelPath::avx512}) {
+    if (!ubep::moe::supported(p)) continue;
+    benchmark::RegisterBenchmark((std::string("kernels/partial_row/") + ubep::moe::to_string(p)).c_str(),
+                                 BM_partial_row, p)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RegisterBenchmark("kernels/memcpy", BM_kernel_memcpy)->Unit(benchmark::kMicrosecond);
+  return true;
+}();
 
 // --- convert: bf16 and e4m3 conversions, one token's elements (hidden 7168) per iteration ---------------
 constexpr int kConvertElements = 7168;

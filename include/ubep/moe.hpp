@@ -115,14 +115,30 @@ float load_element(DType t, const std::byte* row, int i, float scale = 1.0f) noe
 /// Stores `v` as element `i` of a row of type `t`, rounded as above; e4m3 stores v / scale.
 void store_element(DType t, std::byte* row, int i, float v, float scale = 1.0f) noexcept;
 
+/// The row kernels both layers reduce and round with, for the whole process: "avx512", "avx2" or "portable".
+/// UBEP_MOE_KERNELS picks them (read once, at the first layer or reduction): auto (the default) is the fastest
+/// this CPU runs, chosen at run time from what it reports; portable forces the plain loops. Every path gives
+/// bit-identical results. Throws Errc::invalid_argument for an unknown name, Errc::unsupported for a path the
+/// CPU does not run (a layer's constructor throws the same, naming its rank).
+const char* kernels();
+
 /// How moe::Layer moves tokens and sums expert outputs: see "Combine modes" at the top of this file.
 enum class Combine : std::uint8_t {
   per_expert,  ///< one copy per (token, expert) each way
   per_rank,    ///< one copy per (token, owner rank) each way, partial sums at the owner
   per_node,    ///< per_rank inside a node, one copy per (token, node) across nodes through a relay rank
+  automatic,   ///< (default) per_expert when every rank is on one node, per_node otherwise: resolve_combine
 };
 const char* to_string(Combine c) noexcept;
-Combine parse_combine(const std::string& name);  // "per_expert", "per_rank", "per_node"; Errc::invalid_argument
+/// "per_expert", "per_rank", "per_node", "automatic" (or "auto"); Errc::invalid_argument otherwise.
+Combine parse_combine(const std::string& name);
+/// The mode a layer on `topology`'s node map runs for `c`: `c` itself, except automatic, which is per_expert
+/// when Topology::num_nodes() is 1 (on one node a token row crosses by one load/store copy either way, and
+/// per_expert spares the owner its partial rows: faster at every shape measured, docs/MOE.md) and per_node
+/// otherwise (one copy per token and node across the network). Every rank holds the same node map, so every
+/// rank resolves alike; LayerBase::config().combine is the resolved mode, and its reduction order is that
+/// mode's ("Combine modes" above).
+Combine resolve_combine(Combine c, const Topology& topology);
 
 /// Where the caller's buffers live (Config::memory): see "Device memory" at the top of this file.
 enum class Memory : std::uint8_t {
@@ -133,14 +149,14 @@ const char* to_string(Memory m) noexcept;
 Memory parse_memory(const std::string& name);  // "host", "device"; Errc::invalid_argument
 
 struct Config {
-  int num_experts = 0;                  ///< experts in the layer, spread over ranks in contiguous blocks
-  int hidden = 0;                       ///< elements per token
-  DType dtype = DType::bf16;            ///< element type of the tokens
-  int topk = 1;                         ///< experts per token (distinct)
-  int max_tokens_per_rank = 0;          ///< the largest n any rank passes to dispatch
-  Combine combine = Combine::per_node;  ///< the data path and reduction order (every rank alike)
-  bool float_partials = false;          ///< per_rank, per_node: partial and node rows in float, not output_dtype
-  Memory memory = Memory::host;         ///< the caller's buffers (every rank alike): "Device memory" above
+  int num_experts = 0;                   ///< experts in the layer, spread over ranks in contiguous blocks
+  int hidden = 0;                        ///< elements per token
+  DType dtype = DType::bf16;             ///< element type of the tokens
+  int topk = 1;                          ///< experts per token (distinct)
+  int max_tokens_per_rank = 0;           ///< the largest n any rank passes to dispatch
+  Combine combine = Combine::automatic;  ///< the data path and reduction order (every rank alike)
+  bool float_partials = false;           ///< per_rank, per_node: partial and node rows in float, not output_dtype
+  Memory memory = Memory::host;          ///< the caller's buffers (every rank alike): "Device memory" above
 };
 
 /// Bytes this rank sent to other ranks (itself excluded), counted by the layer since its construction: token
@@ -192,6 +208,7 @@ struct ExpertTokens {
 class LayerBase {
  public:
   virtual ~LayerBase();
+  /// The config given to the constructor, with Config::combine resolved (resolve_combine).
   const Config& config() const noexcept { return config_; }
   const ExpertMap& experts() const noexcept { return map_; }
   int local_experts() const noexcept { return map_.count(rank_); }

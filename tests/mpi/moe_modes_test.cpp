@@ -46,11 +46,9 @@ struct Mode {
   Combine combine;
   bool float_partials;
 };
-constexpr Mode kModes[] = {{Combine::per_expert, false},
-                           {Combine::per_rank, false},
-                           {Combine::per_rank, true},
-                           {Combine::per_node, false},
-                           {Combine::per_node, true}};
+constexpr Mode kModes[] = {{Combine::per_expert, false}, {Combine::per_rank, false}, {Combine::per_rank, true},
+                           {Combine::per_node, false},   {Combine::per_node, true},  {Combine::automatic, false}};
+constexpr std::size_t kAutomatic = 5;  // kModes[kAutomatic]: the default mode
 
 std::string describe(const Config& c) {
   std::ostringstream s;
@@ -236,8 +234,13 @@ void match_reference(const std::vector<Shape>& shapes) {
           outs[m].push_back(a);
         }
       }
-      // per_rank and per_node (same float_partials) bit-identical to each other.
+      // per_rank and per_node (same float_partials) bit-identical to each other; automatic to the mode it
+      // resolves to (per_expert on one node, per_node across nodes).
+      const std::size_t resolved = ctx.topology().num_nodes() > 1 ? 3 : 0;
       for (std::size_t r = 0; r < inputs.size(); ++r) {
+        EXPECT_TRUE(bit_identical(outs[kAutomatic][r], outs[resolved][r]))
+            << "rank " << me << ": automatic differs from " << moe::to_string(kModes[resolved].combine) << ": experts "
+            << sh.experts << " topk " << sh.topk << " " << moe::to_string(dt);
         EXPECT_TRUE(bit_identical(outs[1][r], outs[3][r]))
             << "rank " << me << ": per_rank and per_node differ: experts " << sh.experts << " topk " << sh.topk << " "
             << moe::to_string(dt) << " route " << to_string(kRoutes[r]);
@@ -420,7 +423,9 @@ Bytes expected_bytes(const Config& c, const std::vector<int>& node_of, int me, b
     const bool on = node_of[from] == node_of[to];
     (dispatch ? (on ? b.dispatch_on : b.dispatch_off) : (on ? b.combine_on : b.combine_off)) += n;
   };
-  const Combine mode = bsp ? Combine::per_expert : c.combine;
+  // automatic, as the header defines it: per_expert on one node, per_node across nodes.
+  const Combine automatic = nodes > 1 ? Combine::per_node : Combine::per_expert;
+  const Combine mode = bsp ? Combine::per_expert : c.combine == Combine::automatic ? automatic : c.combine;
   for (int s = 0; s < P; ++s) {
     const Input& in = routing[s];
     for (int t = 0; t < in.n; ++t) {
@@ -627,15 +632,36 @@ TEST(MoeModes, UnknownCombineIsRejected) {
   const std::string me = "rank " + std::to_string(ctx.rank());
   test::expect_error(Errc::invalid_argument, [&] { moe::Layer l(ctx, c); }, {me, "moe::Layer", "combine=9"});
   test::expect_error(Errc::invalid_argument, [&] { moe::BspLayer l(ctx, c); }, {me, "moe::BspLayer", "combine=9"});
-  for (Combine m : {Combine::per_expert, Combine::per_rank, Combine::per_node}) {
+  for (Combine m : {Combine::per_expert, Combine::per_rank, Combine::per_node, Combine::automatic}) {
     EXPECT_EQ(moe::parse_combine(moe::to_string(m)), m);
   }
+  EXPECT_EQ(moe::parse_combine("auto"), Combine::automatic);
   test::expect_error(Errc::invalid_argument, [&] { (void)moe::parse_combine("per_token"); }, {"per_token"});
   // No rank was left inside a collective: a good layer still builds and works.
   c.combine = Combine::per_node;
   moe::Layer layer(ctx, c);
   const Input in = input_of(c, ctx.rank(), ctx.size(), Route::full, 9);
   EXPECT_TRUE(bit_identical(run(layer, c, in, Phases::completion_order), reference(ctx, c, in)));
+  ctx.finalize();
+}
+
+// The default mode is automatic; a layer resolves it from the node map (per_expert on one node, per_node
+// across nodes), Layer and BspLayer alike, and reports the resolved mode in config().
+TEST(MoeModes, AutomaticResolvesFromTheNodeMap) {
+  Context ctx(MPI_COMM_WORLD, opts());
+  const Config c{7, 8, DType::bf16, 2, 4};
+  EXPECT_EQ(c.combine, Combine::automatic);
+  const Combine want = ctx.topology().num_nodes() > 1 ? Combine::per_node : Combine::per_expert;
+  EXPECT_EQ(moe::resolve_combine(Combine::automatic, ctx.topology()), want);
+  for (Combine m : {Combine::per_expert, Combine::per_rank, Combine::per_node}) {
+    EXPECT_EQ(moe::resolve_combine(m, ctx.topology()), m);
+  }
+  moe::Layer layer(ctx, c);
+  moe::BspLayer bsp(ctx, c);
+  EXPECT_EQ(layer.config().combine, want);
+  EXPECT_EQ(bsp.config().combine, want);
+  const Input in = input_of(c, ctx.rank(), ctx.size(), Route::full, 11);
+  EXPECT_TRUE(bit_identical(run(layer, c, in, Phases::completion_order), run(bsp, c, in, Phases::completion_order)));
   ctx.finalize();
 }
 

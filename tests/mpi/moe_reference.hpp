@@ -102,7 +102,7 @@ inline void expert_fn(const Config& c, int e, const std::byte* tok, float scale,
 // The serial reference of the documented reduction order (moe.hpp, "Combine modes"), written from the
 // header's formulas, not from the layer's code: per_expert sums over k; per_rank/per_node sum each owner's
 // experts in k order (rounded to the row type), the owners of a node in rank order (rounded for a node other
-// than this rank's), then the nodes in order.
+// than this rank's), then the nodes in order. Combine::automatic is the mode resolve_combine names.
 inline std::vector<float> reference(const Context& ctx, const Config& c, const Input& in) {
   const std::size_t ob = c.hidden * moe::element_size(moe::output_dtype(c.dtype));
   const std::size_t tb = c.hidden * moe::element_size(c.dtype);
@@ -125,7 +125,7 @@ inline std::vector<float> reference(const Context& ctx, const Config& c, const I
       }
     }
     float* o = out.data() + static_cast<std::size_t>(t) * c.hidden;
-    if (c.combine == moe::Combine::per_expert) {
+    if (moe::resolve_combine(c.combine, topo) == moe::Combine::per_expert) {
       for (int k = 0; k < c.topk; ++k) {
         for (int i = 0; i < c.hidden; ++i) o[i] += in.weights[t * c.topk + k] * ys[k][i];
       }

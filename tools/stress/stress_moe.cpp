@@ -41,7 +41,7 @@ Config draw_config(const MoeSettings& s, std::uint64_t round, int ranks) {
   Rng rng(key({s.seed, 101, round}));
   Config c;
   c.dtype = static_cast<DType>(rng.below(3));
-  c.combine = static_cast<Combine>(rng.below(3));
+  c.combine = static_cast<Combine>(rng.below(4));  // per_expert, per_rank, per_node, automatic
   c.float_partials = c.combine != Combine::per_expert && rng.chance(0.3);
   // Fewer experts than ranks now and then: ranks without experts.
   c.num_experts = static_cast<int>(
