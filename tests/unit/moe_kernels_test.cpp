@@ -232,10 +232,11 @@ Reductions reduce_all(bool f32, std::size_t hidden, unsigned seed) {
   reduce_outputs(map, kTopk, idx, w, pos, coffset, combine, row_bytes, f32, hidden, r.per_expert);
   std::vector<const std::byte*> y;
   for (int a = 0; a < kTopk; ++a) y.push_back(combine + static_cast<std::size_t>(a) * row_bytes);
-  r.partial.assign(row_bytes + 1, std::byte{0});
-  partial_row(std::span<const float>(w.data(), kTopk), y, f32, hidden, f32, r.partial.data() + 1);
-  r.node.assign(row_bytes + 1, std::byte{0});
-  node_row(y, f32, hidden, r.node.data() + 1);
+  // The partial and node rows one element past an aligned address (rows are element arrays, never byte-shifted).
+  r.partial.assign(row_bytes + eb, std::byte{0});
+  partial_row(std::span<const float>(w.data(), kTopk), y, f32, hidden, f32, r.partial.data() + eb);
+  r.node.assign(row_bytes + eb, std::byte{0});
+  node_row(y, f32, hidden, r.node.data() + eb);
   // Three nodes: a relayed row, partial rows rounded (another node), partial rows kept in float.
   const std::vector<const std::byte*> rows_a{y[0], y[1]}, rows_b{y[2]};
   const NodeTerm terms[] = {{y[1], {}, false}, {nullptr, rows_a, true}, {nullptr, rows_b, false}};
@@ -244,13 +245,13 @@ Reductions reduce_all(bool f32, std::size_t hidden, unsigned seed) {
   return r;
 }
 
-/// expect_same_bits on two rows of type R (floats or bf16) that start one byte into `a` and `b`.
+/// expect_same_bits on two rows of type R (floats or bf16) that start one element into `a` and `b`.
 void expect_same_row(const std::vector<std::byte>& a, const std::vector<std::byte>& b, bool f32,
                      const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   auto typed = [&](const std::vector<std::byte>& row, auto zero) {
-    std::vector<decltype(zero)> v((row.size() - 1) / sizeof(zero));
-    std::memcpy(v.data(), row.data() + 1, v.size() * sizeof(zero));
+    std::vector<decltype(zero)> v(row.size() / sizeof(zero) - 1);
+    std::memcpy(v.data(), row.data() + sizeof(zero), v.size() * sizeof(zero));
     return v;
   };
   if (f32) {
