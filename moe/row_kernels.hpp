@@ -4,21 +4,21 @@
 // the linker keeps for the whole library.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 
 namespace ubep::moe {
 
-// These two are static (one copy per file): kernels_avx2.cpp and kernels_avx512.cpp are built for other
-// instruction sets, and an inline function's one shared copy could come from either of them.
+// These two are static (one copy per file), and use the builtin rather than std::bit_cast (a template whose
+// instantiation an unoptimized build emits as a shared weak symbol): kernels_avx2.cpp and kernels_avx512.cpp
+// are built for other instruction sets, and an inline function's one shared copy could come from either.
 /// bfloat16 bits to float, inline: the exported bf16_to_float would be a PLT call per element.
 static inline float bf16_bits_to_float(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(b) << 16);
 }
 /// float to bfloat16 bits, round to nearest even (NaN stays NaN), inline for the same reason.
 static inline std::uint16_t float_to_bf16_bits(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
