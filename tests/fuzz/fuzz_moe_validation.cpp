@@ -231,7 +231,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   c.dtype = static_cast<DType>(in.u8() % 5);  // 3, 4: not a DType
   c.topk = pick(in.u8(), 1, 9);
   c.max_tokens_per_rank = pick(in.u8(), 0, 32);
-  c.combine = static_cast<Combine>(in.u8() % 5);  // 3, 4: not a Combine
+  c.combine = static_cast<Combine>(in.u8() % 6);  // 4, 5: not a Combine (3: automatic)
   c.float_partials = flags & 1;
   // Finding M1 (docs/reliability/fuzz.md, fixed): num_experts and hidden above 2^20 are invalid_argument.
   std::unique_ptr<ubep::moe::LayerBase> layer;
@@ -247,7 +247,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     expect_rejection(e, {Errc::invalid_argument}, "moe layer constructor");
     return 0;
   }
-  const bool valid_config = static_cast<int>(c.dtype) <= 2 && static_cast<int>(c.combine) <= 2 && c.num_experts >= 1 &&
+  const bool valid_config = static_cast<int>(c.dtype) <= 2 && static_cast<int>(c.combine) <= 3 && c.num_experts >= 1 &&
                             c.num_experts <= (1 << 20) && c.hidden >= 1 && c.hidden <= (1 << 20) && c.topk >= 1 &&
                             c.topk <= c.num_experts && c.max_tokens_per_rank >= 0;
   UBEP_FUZZ_CHECK(valid_config, "a layer was built from an invalid config");
