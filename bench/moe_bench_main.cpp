@@ -288,9 +288,11 @@ int run(const Args& a, const Comm& comm) {
     std::vector<moe::LayerBase*> ubep_layers, bsp_check;
     for (std::size_t i = 0; i < layers.size(); ++i) {
       ubep_layers.push_back(layers[i].get());
-      const auto m = layers[i]->config().combine;
-      bsp_check.push_back(
-          bsps[static_cast<std::size_t>(std::find(bsp_modes.begin(), bsp_modes.end(), m) - bsp_modes.begin())].get());
+      // The BspLayer of the same resolved mode (config() resolves automatic on both sides).
+      const auto same = std::find_if(bsps.begin(), bsps.end(),
+                                     [&](const auto& b) { return b->config().combine == layers[i]->config().combine; });
+      if (same == bsps.end()) throw std::logic_error("ubep_moe_bench: no BspLayer of the mode of a ubep layer");
+      bsp_check.push_back(same->get());
     }
     moe::BspLayer& bsp = *bsps.front();
 
