@@ -49,6 +49,9 @@ struct Args {
   std::vector<std::string> combine{"automatic", "per_expert", "per_node"};
   bool float_partials = false;  // --float-partials: Config::float_partials for every layer
   std::string memory = "host";  // --memory: Config::memory for every layer, inputs and sums in GPU memory
+  /// --outputs: layer (the expert writes into expert_outputs, Config::zero_copy) or own (combine_send copies the
+  /// expert's own buffer; the timed expert then writes nothing: its outputs are its input). Host memory only.
+  std::string outputs = "layer";
   unsigned run_ahead = 0;       // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
   std::string heap_budget;      // empty: a quarter of physical memory over the ranks of the node
   int check_tokens = 8;

@@ -214,6 +214,11 @@ class ArithmeticExpert {
     }
     return out_;
   }
+  /// The same outputs written into `rows` (expert_outputs).
+  void into(const moe::ExpertTokens& t, std::span<std::byte> rows) {
+    const std::span<const std::byte> y = (*this)(t);
+    if (!y.empty()) std::memcpy(rows.data(), y.data(), y.size());
+  }
 
  private:
   moe::Config cfg_;
@@ -231,7 +236,29 @@ class TimedExpert {
  public:
   TimedExpert(const moe::Config& cfg, double us_per_token, bool sleep)
       : cfg_(cfg), us_per_token_(us_per_token), sleep_(sleep) {}
+  /// --outputs own: the expert's outputs are its input buffer (no write).
   std::span<const std::byte> operator()(const moe::ExpertTokens& t) {
+    wait(t);
+    if (cfg_.dtype != moe::DType::e4m3) return t.data;
+    const std::size_t bytes = static_cast<std::size_t>(t.count) * static_cast<std::size_t>(cfg_.hidden) *
+                              moe::element_size(moe::output_dtype(cfg_.dtype));
+    if (zeros_.size() < bytes) zeros_.resize(bytes);
+    return std::span<const std::byte>(zeros_).first(bytes);
+  }
+  /// --outputs layer: the expert writes its outputs into `rows` (expert_outputs), once, as a real expert writes
+  /// its results: a copy of its input (bf16, f32), zeros (e4m3, whose outputs are bf16).
+  void into(const moe::ExpertTokens& t, std::span<std::byte> rows) {
+    wait(t);
+    if (rows.empty()) return;
+    if (cfg_.dtype != moe::DType::e4m3) {
+      std::memcpy(rows.data(), t.data.data(), rows.size());
+    } else {
+      std::memset(rows.data(), 0, rows.size());
+    }
+  }
+
+ private:
+  void wait(const moe::ExpertTokens& t) {
     if (us_per_token_ > 0.0 && t.count > 0) {
 #if UBEP_SIMGRID  // simulated compute: the time passes for this rank only, at no wall-time cost
       smpi_execute(us_per_token_ * static_cast<double>(t.count) * 1e-6);
@@ -250,14 +277,7 @@ class TimedExpert {
       }
 #endif
     }
-    if (cfg_.dtype != moe::DType::e4m3) return t.data;
-    const std::size_t bytes = static_cast<std::size_t>(t.count) * static_cast<std::size_t>(cfg_.hidden) *
-                              moe::element_size(moe::output_dtype(cfg_.dtype));
-    if (zeros_.size() < bytes) zeros_.resize(bytes);
-    return std::span<const std::byte>(zeros_).first(bytes);
   }
-
- private:
   moe::Config cfg_;
   double us_per_token_;
   bool sleep_;
@@ -271,14 +291,23 @@ class TimedExpert {
 /// layer = dispatch_send start until combine_recv returned (expert compute included).
 using Sample = std::array<double, 3>;
 
+/// With Config::zero_copy (--outputs layer) the expert writes into expert_outputs and combine_send(h, e) sends them;
+/// otherwise combine_send(h, e, outputs) copies the expert's own outputs.
 template <class Expert>
 Sample run_once(moe::LayerBase& layer, const Placed& in, Expert& expert, std::span<float> out) {
+  const bool in_place = layer.config().zero_copy;
   const auto t0 = Clock::now();
   moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
   std::optional<Clock::time_point> last_expert, first_combine;
   while (const std::optional<int> e = layer.next_expert(h)) {
     last_expert = Clock::now();
     const moe::ExpertTokens tokens = layer.expert_tokens(h, *e);
+    if (in_place) {
+      expert.into(tokens, layer.expert_outputs(h, *e));
+      if (!first_combine) first_combine = Clock::now();
+      layer.combine_send(h, *e);
+      continue;
+    }
     const std::span<const std::byte> outputs = expert(tokens);
     if (!first_combine) first_combine = Clock::now();
     layer.combine_send(h, *e, outputs);

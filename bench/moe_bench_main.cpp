@@ -185,7 +185,10 @@ int run(const Args& a, const Comm& comm) {
   doc["float_partials"] = a.float_partials;
   doc["memory"] = a.memory;
   doc["bsp_timed_combine"] = "per_expert";
-  doc["expert"] = std::string("identity + synthetic compute (") + a.compute_mode + ")";
+  const bool in_place = a.outputs == "layer" && a.memory == "host";
+  doc["outputs"] = in_place ? "layer" : "own";
+  doc["expert"] = std::string(in_place ? "identity written into expert_outputs" : "identity (outputs = its input)") +
+                  " + synthetic compute (" + a.compute_mode + ")";
   doc["results"] = nlohmann::json::array();
   nlohmann::json settings = nlohmann::json::object();
   for (const std::string& kv : base.describe()) {
@@ -201,6 +204,7 @@ int run(const Args& a, const Comm& comm) {
     moe::Config shape{a.experts, a.hidden, dtype, a.topk, n};
     shape.float_partials = a.float_partials;
     shape.memory = moe::parse_memory(a.memory);
+    shape.zero_copy = a.outputs == "layer" && shape.memory == moe::Memory::host;
     const moe::Config& cfg = shape;
     const int iterations = a.iterations_for(n), warmup = a.warmup_for(n);
 
@@ -394,8 +398,10 @@ int run(const Args& a, const Comm& comm) {
               copy.bytes_per_us, mib(copy.buffer_bytes).c_str(), copy.repetitions);
         }
         std::printf(
-            "# expert: identity (outputs = its input buffer) + synthetic compute of 'compute' us per token "
+            "# expert: identity %s + synthetic compute of 'compute' us per token "
             "(%s); correctness checked first with y = x*(1+0.01*(e+1)) against a serial reference\n",
+            in_place ? "written once into expert_outputs (--outputs layer; ubep's Layer with Config::zero_copy)"
+                     : "(outputs = its input buffer, --outputs own)",
             a.compute_mode.c_str());
         std::printf(
             "# times: microseconds; per iteration the maximum over ranks, reported the median over "
@@ -573,6 +579,14 @@ int main(int argc, char** argv) {
                  "Config::memory device; needs a GPU, or UBEP_GPU_EMULATE=1 for testing)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "device"}));
+  app.add_option("--outputs", a.outputs,
+                 "where the experts write their outputs: layer (into moe::LayerBase::expert_outputs, with "
+                 "Config::zero_copy: ubep's Layer sends them without a copy; the baseline copies them as it copies any "
+                 "outputs; the timed expert writes each output row once, a copy of its input), or own (the expert's "
+                 "own buffer through combine_send(h, e, outputs); the timed expert returns its input, writing "
+                 "nothing). --memory device uses own")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"layer", "own"}));
   app.add_option("--run-ahead", a.run_ahead,
                  "ubep buffer sets (calls a rank may run ahead); default UBEP_RUN_AHEAD (2), lowered to 1 for a size "
                  "whose heap exceeds --heap-budget")

@@ -395,6 +395,10 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   h.combined.assign(local, 0);
   h.expert_data.resize(local);
   h.expert_scales.resize(local);
+  h.out_rows.resize(local);
+  h.out_taken.assign(local, 0);
+  h.own_outputs.resize(local);
+  h.out_row0.assign(local, kNotOnDevice);
   if (config_.memory == Memory::device) h.device_at.assign(local, kNotOnDevice);
   send(h, tokens, scales);
   ++calls_;
@@ -415,19 +419,24 @@ void LayerBase::pack(const std::vector<int>& toks, std::byte* dst, std::span<con
   pack_tokens(toks, tokens, scales, payload, dst, token_bytes_);
 }
 
-ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
-  check_handle(h, "expert_tokens");
+void LayerBase::check_expert(const Handle& h, int local, const char* call) const {
+  check_handle(h, call);
   const HandleState& s = *h.state_;
+  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": " + call + ": call " + std::to_string(s.call) +
+                          ": local expert " + std::to_string(local);
   if (local < 0 || local >= map_.count(rank_)) {
-    throw Error(Errc::out_of_range, "ubep: rank " + std::to_string(rank_) + ": expert_tokens: local expert " +
-                                        std::to_string(local) + " is out of range [0, " +
-                                        std::to_string(map_.count(rank_)) + ")");
+    throw Error(Errc::out_of_range,
+                pre + " is out of range [0, " + std::to_string(map_.count(rank_)) + "): not an expert of this rank");
   }
   if (!s.ready[local]) {
-    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": expert_tokens: local expert " +
-                                            std::to_string(local) +
-                                            " is not complete yet (use next_expert or dispatch_recv)");
+    throw Error(Errc::invalid_argument, pre + " (expert " + std::to_string(map_.first(rank_) + local) +
+                                            ") is not complete yet (use next_expert or dispatch_recv)");
   }
+}
+
+ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
+  check_expert(h, local, "expert_tokens");
+  const HandleState& s = *h.state_;
   ExpertTokens t;
   t.local = local;
   t.expert = map_.first(rank_) + local;
@@ -474,18 +483,29 @@ void LayerBase::regroup(HandleState& h, int le, const std::function<const std::b
   ++h.num_ready;
 }
 
-void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
+void LayerBase::check_out(const HandleState& h, std::span<float> out) const {
   const std::size_t hidden = static_cast<std::size_t>(config_.hidden);
   if (out.size() != static_cast<std::size_t>(h.n) * hidden) {
     throw Error(Errc::invalid_argument,
                 "ubep: rank " + std::to_string(rank_) + ": combine_recv: out has " + std::to_string(out.size()) +
                     " elements, expected n x hidden = " + std::to_string(static_cast<std::size_t>(h.n) * hidden));
   }
-  const bool f32 = output_dtype(config_.dtype) == DType::f32;
+}
+
+void LayerBase::reduce_batches(const HandleState& h, std::span<const std::byte* const> batches,
+                               std::span<float> out) const {
+  check_out(h, out);
+  reduce_outputs(map_, config_.topk, h.idx, h.weights, h.pos, batches, out_token_bytes_,
+                 output_dtype(config_.dtype) == DType::f32, static_cast<std::size_t>(config_.hidden), out);
+}
+
+void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
   if (config_.combine == Combine::per_expert) {
-    reduce_outputs(map_, config_.topk, h.idx, h.weights, h.pos, h.coffset, combine, out_token_bytes_, f32, hidden, out);
-    return;
+    return reduce_batches(h, batches_at(h.coffset, combine, out_token_bytes_), out);
   }
+  check_out(h, out);
+  const std::size_t hidden = static_cast<std::size_t>(config_.hidden);
+  const bool f32 = output_dtype(config_.dtype) == DType::f32;
   // The per_rank/per_node order from per-expert rows: each owner's partial row as the owner would compute it,
   // then the node sums (moe.hpp, "Combine modes").
   const int k = config_.topk, L = map_.max_local();
@@ -529,11 +549,15 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
 }
 
 int LayerBase::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {
-  const ExpertTokens t = expert_tokens(h, local);  // checks the handle, the index and completeness
-  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": combine_send: ";
+  check_expert(h, local, "combine_send");
+  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": combine_send: call " +
+                          std::to_string(h.state_->call) + ": ";
   if (h.state_->combined[local]) {
     throw Error(Errc::invalid_argument, pre + "local expert " + std::to_string(local) + " was already sent");
   }
+  ExpertTokens t;
+  const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+  t.count = static_cast<int>(payload ? h.state_->expert_data[local].size() / payload : 0);
   if (outputs.size() != static_cast<std::size_t>(t.count) * out_token_bytes_) {
     throw Error(Errc::invalid_argument, pre + "local expert " + std::to_string(local) + ": outputs has " +
                                             std::to_string(outputs.size()) + " bytes, expected count x hidden x " +
@@ -547,12 +571,66 @@ void LayerBase::finish(HandleState& h) {
   for (auto& d : h.expert_data) {
     if (d.capacity()) pool_.push_back(std::move(d));
   }
+  for (auto& d : h.own_outputs) {
+    if (d.capacity()) pool_.push_back(std::move(d));
+  }
   h.finished = true;
   ++finished_;
 }
 
 void LayerBase::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
   send_outputs(h, local, to_host(outputs, stage_outputs_));
+}
+
+std::span<std::byte> LayerBase::heap_outputs(HandleState&, int, std::size_t) { return {}; }
+
+std::span<std::byte> LayerBase::expert_outputs(Handle& h, int local) {
+  check_expert(h, local, "expert_outputs");
+  HandleState& s = *h.state_;
+  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": expert_outputs: call " + std::to_string(s.call) +
+                          ": local expert " + std::to_string(local);
+  const std::string which = " (expert " + std::to_string(map_.first(rank_) + local) + ")";
+  if (s.combined[local]) {
+    throw Error(Errc::invalid_argument, pre + which +
+                                            " was already combine_sent: its rows are the sources' until "
+                                            "combine_recv, a second write would race their reads");
+  }
+  if (config_.memory == Memory::device) {
+    throw Error(Errc::unsupported, pre + which + ": expert_outputs is host memory only, Config::memory is device "
+                                                 "(pass the outputs to combine_send(h, e, outputs))");
+  }
+  if (!s.out_taken[local]) {
+    const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
+    const std::size_t count = payload ? s.expert_data[local].size() / payload : 0;
+    const std::size_t bytes = count * out_token_bytes_;
+    std::span<std::byte> rows = heap_outputs(s, local, bytes);
+    if (rows.empty() && bytes) {
+      std::vector<std::byte>& own = s.own_outputs[local];
+      if (!pool_.empty()) {
+        own.swap(pool_.back());
+        pool_.pop_back();
+      }
+      own.resize(bytes);
+      rows = own;
+    }
+    s.out_rows[local] = rows.first(bytes);
+    s.out_taken[local] = 1;
+  }
+  return s.out_rows[local];
+}
+
+void LayerBase::combine_send(Handle& h, int local) {
+  check_handle(h, "combine_send");
+  const HandleState& s = *h.state_;
+  if (local >= 0 && local < local_experts() && s.ready[local] && !s.combined[local] && !s.out_taken[local]) {
+    throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": combine_send: call " +
+                                            std::to_string(s.call) + ": local expert " + std::to_string(local) +
+                                            " has no outputs: expert_outputs(h, " + std::to_string(local) +
+                                            ") was not taken (write the outputs there, or pass them)");
+  }
+  // Out of range, incomplete or already sent: combine_send(h, local, outputs) names it.
+  const bool taken = local >= 0 && local < local_experts() && s.out_taken[local];
+  send_outputs(h, local, taken ? std::span<const std::byte>(s.out_rows[local]) : std::span<const std::byte>{});
 }
 
 void LayerBase::combine_recv(Handle& h, std::span<float> out) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "moe/row_kernels.hpp"
 #include "ubep/moe.hpp"
@@ -42,11 +43,15 @@ void regroup_tokens(std::span<const int> counts, std::span<const std::byte* cons
 
 /// out[t] = sum_a weights[t,a] * row(t,a), a = 0..topk-1 ascending, in float, for t = 0..n-1 with
 /// n = idx.size() / topk, out [n x hidden] (overwritten). Row (t,a) of expert e = idx[t,a], owned by rank
-/// d = map.owner(e) as local expert le, is combine + (coffset[d * map.max_local() + le] + pos[t,a]) *
-/// row_bytes: `hidden` floats when `f32`, else `hidden` bfloat16 values.
+/// d = map.owner(e) as local expert le, is batch[d * map.max_local() + le] + pos[t,a] * row_bytes: `hidden`
+/// floats when `f32`, else `hidden` bfloat16 values. A batch is the rows of one (owner, expert) in this
+/// source's token order, wherever they are (the source's combine buffer, or the owner's rows read in place).
 void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
-                    std::span<const int> pos, std::span<const std::size_t> coffset, const std::byte* combine,
-                    std::size_t row_bytes, bool f32, std::size_t hidden, std::span<float> out);
+                    std::span<const int> pos, std::span<const std::byte* const> batch, std::size_t row_bytes,
+                    bool f32, std::size_t hidden, std::span<float> out);
+/// The batches of a combine buffer laid out by `coffset` (in rows): combine + coffset[i] * row_bytes.
+std::vector<const std::byte*> batches_at(std::span<const std::size_t> coffset, const std::byte* combine,
+                                         std::size_t row_bytes);
 
 /// The steps of the per_rank/per_node reduction (moe.hpp, "Combine modes"); rows of the row type R are
 /// `hidden` floats when `r_f32`, else bfloat16 values. Every implementation (owner, relay, source, BspLayer)

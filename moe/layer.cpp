@@ -45,6 +45,13 @@ struct Layer::Impl {
   std::size_t region = 0;                        // bytes of one (set, source) region
   std::size_t header = 0;                        // bytes of its header
   std::size_t heap = 0;
+  // Config::zero_copy: expert_outputs rows, per set `orows` rows ([local experts] in the order taken, each
+  // source-ascending as the batch), and per (set, source, local expert) where that source's rows start:
+  // otab [S][ranks][max_local], a row of obuf or kCopied (put into the source's cbuf). Sources on load/store
+  // read both in place, after this rank's csig.
+  Symmetric<std::byte> obuf;
+  Symmetric<std::uint64_t> otab;
+  std::size_t orows = 0;
   std::uint64_t released = 0;          // calls 0 .. released-1 are released to every source
   std::vector<std::uint8_t> received;  // [S]: the call on this set is received, its release waits for older ones
 };
@@ -68,8 +75,11 @@ void notify(Context& ctx, std::uint64_t* sig, std::uint64_t value, int pe) {
 constexpr std::uint64_t tag(std::uint64_t call) { return (call + 1) << 32; }
 constexpr std::size_t up64(std::size_t b) { return (b + 63) / 64 * 64; }
 
+constexpr std::uint64_t kCopied = ~std::uint64_t{0};
+
 struct Geometry {
   std::size_t header, region;  // bytes
+  std::size_t rows;            // token rows of one region
 };
 /// The (set, source) region: the header (count, offset per local expert), then at most
 /// max_tokens_per_rank x min(topk, max_local) tokens (each token goes to an expert at most once).
@@ -77,7 +87,12 @@ Geometry geometry(const Config& c, const ExpertMap& map) {
   const std::size_t L = static_cast<std::size_t>(map.max_local());
   const std::size_t tokens = static_cast<std::size_t>(c.max_tokens_per_rank) * std::min<std::size_t>(c.topk, L);
   const std::size_t header = up64(2 * L * sizeof(std::uint64_t));
-  return {header, up64(header + tokens * token_stride(c))};
+  const std::size_t region = up64(header + tokens * token_stride(c));
+  return {header, region, (region - header) / token_stride(c)};
+}
+/// Config::zero_copy: the output rows of one set: every source may fill its region.
+std::size_t zero_copy_rows(const Config& c, const Geometry& g, std::size_t ranks) {
+  return c.zero_copy ? ranks * g.rows : 0;
 }
 }  // namespace
 
@@ -98,8 +113,11 @@ std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   const Geometry g = geometry(c, map);
   // dbuf, cbuf, dsig, csig, rel (each allocation rounded up to 64 bytes), and slack for the allocator.
   const std::size_t dsig = S * (static_cast<std::size_t>(map.max_local()) + 1) * P;
+  const std::size_t zero_copy = c.zero_copy ? up64(S * zero_copy_rows(c, g, P) * output_stride(c)) +
+                                                  up64(S * P * static_cast<std::size_t>(map.max_local()) * 8)
+                                            : 0;
   return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + up64(dsig * 8) + up64(S * P * 8) + up64(P * 8) +
-         4096;
+         zero_copy + 4096;
 }
 
 void Layer::check_heap(std::size_t need) const {
@@ -136,6 +154,11 @@ Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"
   impl_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
   impl_->csig = ctx.alloc_signals(S * P);
   impl_->rel = ctx.alloc_signals(P);
+  if (config.zero_copy) {
+    impl_->orows = zero_copy_rows(config, g, P);
+    impl_->obuf = ctx.alloc<std::byte>(S * impl_->orows * out_token_bytes_);
+    impl_->otab = ctx.alloc<std::uint64_t>(S * P * static_cast<std::size_t>(map_.max_local()));
+  }
   impl_->heap = need;
   impl_->received.assign(S, 0);
   impl_->schedule = ubep::schedule(ctx.topology(), rank_, parse_schedule(ctx.options().schedule));
@@ -349,13 +372,32 @@ void Layer::dispatch_recv(Handle& h) {
   s.num_returned = was;
 }
 
+std::span<std::byte> Layer::heap_outputs(HandleState& s, int local, std::size_t bytes) {
+  Impl& m = *impl_;
+  if (dedup_ || m.orows == 0) return {};
+  const std::size_t rows = bytes / out_token_bytes_;
+  if (rows > m.orows - s.out_cursor) {
+    // The batches fit the regions they came from, so their outputs fit orows.
+    throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": expert_outputs: " + std::to_string(rows) +
+                                    " rows beyond the " + std::to_string(m.orows - s.out_cursor) + " left");
+  }
+  s.out_row0[local] = s.out_cursor;
+  s.out_cursor += rows;
+  return {m.obuf.data() + (static_cast<std::size_t>(s.set) * m.orows + s.out_row0[local]) * out_token_bytes_, bytes};
+}
+
 void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
   HandleState& s = h.state();
   if (dedup_) return dedup_->combine_send(s, local, outputs);
   Impl& m = *impl_;
-  const std::size_t P = size_, Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
+  const std::size_t P = size_, L = map_.max_local();
+  const std::size_t Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
   const int experts = local_experts();
+  // The outputs are this expert's heap rows (expert_outputs under Config::zero_copy): load/store sources read
+  // them in place, mpi-route ones get them by a put straight from them.
+  const bool in_place = s.out_row0[local] != kNotOnDevice && s.out_taken[local] &&
+                        outputs.data() == s.out_rows[local].data();
   if (s.out_bytes && s.out_stage.empty()) {
     // Staging for this call's outputs to network-route sources: on mpi freed by the flush after the last
     // expert; on ucx in flight after it, so a staging copy from the pool is reused only once UCX is done
@@ -382,7 +424,14 @@ void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> output
     const std::byte* rows = outputs.data() + first[src] * out_token_bytes_;
     count(false, src, c * out_token_bytes_);
     if (!packed(ctx_.route(src))) {
-      ctx_.put(dest, rows, c * out_token_bytes_, src);
+      if (in_place) {
+        m.otab[(static_cast<std::size_t>(s.set) * P + src) * L + local] = s.out_row0[local] + first[src];
+      } else {
+        ctx_.put(dest, rows, c * out_token_bytes_, src);
+        if (m.orows) m.otab[(static_cast<std::size_t>(s.set) * P + src) * L + local] = kCopied;
+      }
+    } else if (in_place && ctx_.route(src) == Route::mpi) {
+      ctx_.put_nbi(dest, rows, c * out_token_bytes_, src);  // the rows stay until the flush after the last expert
     } else if (ctx_.route(src) == Route::ucx) {
       // Into src's block, at this expert's place; the block goes after the last expert (below).
       const std::size_t at = s.out_base[src] + (s.recv_meta[local * P + src] - s.out_first[src]) * out_token_bytes_;
@@ -453,10 +502,35 @@ void Layer::recv_outputs(Handle& h, std::span<float> out) {
   const std::string what = "moe combine, call " + std::to_string(s.call);
   ctx_.wait_until_all({&m.csig[static_cast<std::size_t>(s.set) * P], P}, Cmp::ge, want,
                       {.writers = m.peers, .what = what.c_str()});
-  reduce(
-      s,
-      m.cbuf.data() + s.set * static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk * out_token_bytes_,
-      out);
+  const std::byte* cbuf =
+      m.cbuf.data() + s.set * static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk * out_token_bytes_;
+  std::vector<const std::byte*> batches = batches_at(s.coffset, cbuf, out_token_bytes_);
+  if (m.orows) {
+    // Config::zero_copy: an owner on load/store says per expert where our rows are, in its rows (read in place)
+    // or in our cbuf. Its table is input: a row range outside its rows is a protocol error.
+    const std::size_t set_bytes = m.orows * out_token_bytes_;
+    for (std::size_t d = 0; d < P; ++d) {
+      if (want[d] == 0 || packed(ctx_.route(static_cast<int>(d)))) continue;
+      const std::uint64_t* tab = ctx_.ptr(&m.otab[(static_cast<std::size_t>(s.set) * P + rank_) * L], L,
+                                          static_cast<int>(d));
+      const std::byte* rows = ctx_.ptr(m.obuf.data() + s.set * set_bytes, set_bytes, static_cast<int>(d));
+      for (std::size_t le = 0; le < L; ++le) {
+        const std::uint64_t count = static_cast<std::uint64_t>(s.send_counts[d * L + le]);
+        if (count == 0) continue;
+        const std::uint64_t at = tab[le];
+        if (at == kCopied) continue;
+        if (at > m.orows || count > m.orows - at) {
+          throw Error(Errc::protocol, "ubep: rank " + std::to_string(rank_) + ": combine_recv: call " +
+                                          std::to_string(s.call) + ": rank " + std::to_string(d) +
+                                          " breaks the protocol: its local expert " + std::to_string(le) + "'s " +
+                                          std::to_string(count) + " output rows for us start at row " +
+                                          std::to_string(at) + " of its " + std::to_string(m.orows));
+        }
+        batches[d * L + le] = rows + at * out_token_bytes_;
+      }
+    }
+  }
+  reduce_batches(s, batches, out);
   if (m.ucx) {
     // Our sends of this call (regions, outputs) are non-blocking and a rendezvous moves only while this
     // rank progresses: return only when UCX is done with them, so that a rank that goes on to compute or

@@ -72,6 +72,21 @@
 /// implementation. What this is not: GPU to GPU between ranks (the Context's put/get/put_signal on the GPU heap are),
 /// or GPU compute of the reductions (they run on the CPU, as with host memory).
 ///
+/// Zero-copy combine. An expert may write its outputs straight into rows the layer owns:
+///   auto rows = layer.expert_outputs(h, *e);                      // [count x hidden] of output_dtype
+///   compute(batch, rows);                                         // your expert writes them in place
+///   layer.combine_send(h, *e);                                    // sends them: nothing copied here
+/// With Config::zero_copy on a Layer in per_expert (automatic on one node), the rows are in the symmetric
+/// heap (Layer::heap_bytes counts them: per buffer set, ranks x max_tokens_per_rank x min(topk, local experts)
+/// output rows) and combine_send copies nothing: a source that reaches this rank by load/store reads them in
+/// place in its combine_recv (no copy on either side, the weighted sum is the only pass over them); one on
+/// the mpi route gets them by an RMA put straight from these rows; one on the ucx route by a staging copy
+/// (all its rows in one message, as combine_send(h, e, outputs) sends them). Everywhere else (BspLayer,
+/// per_rank, per_node, or Config::zero_copy unset) the rows are this call's own host memory and
+/// combine_send(h, e) sends them as combine_send(h, e, rows) would. The outputs are bit-identical to the
+/// copying combine_send in every case. combine_send(h, e, outputs) with `outputs` being those rows is the
+/// same call as combine_send(h, e). Host memory only (Config::memory = host).
+///
 /// What completes when: the `@note` on each call of LayerBase (and on the constructors) says it, in the
 /// four parts and words of context.hpp, for Layer and BspLayer where they differ. In short: Layer never
 /// runs a collective after setup and every wait it makes has the deadline UBEP_WAIT_TIMEOUT; BspLayer's
@@ -157,6 +172,8 @@ struct Config {
   Combine combine = Combine::automatic;  ///< the data path and reduction order (every rank alike)
   bool float_partials = false;           ///< per_rank, per_node: partial and node rows in float, not output_dtype
   Memory memory = Memory::host;          ///< the caller's buffers (every rank alike): "Device memory" above
+  bool zero_copy = false;                ///< Layer, per_expert: expert_outputs rows in the symmetric heap
+                                         ///< ("Zero-copy combine" above; every rank alike)
 };
 
 /// Bytes this rank sent to other ranks (itself excluded), counted by the layer since its construction: token
@@ -286,6 +303,20 @@ class LayerBase {
   /// Layer: with the sources of this expert's tokens, and after the last local expert a signal to every
   /// source that sent tokens; BspLayer: no (a local copy).
   void combine_send(Handle& h, int local, std::span<const std::byte> outputs);
+  /// The rows local expert `local`'s outputs go in, for the expert to write ("Zero-copy combine" above):
+  /// [count x hidden] of output_dtype(dtype), in the order of expert_tokens, valid until combine_recv(h)
+  /// returns. The same span on every call for one expert. Throws Errc::out_of_range for an expert index
+  /// outside [0, local_experts()), Errc::invalid_argument for an expert not yet complete or one already
+  /// combine_sent (its rows are the sources' now: a second write would race their reads), Errc::unsupported
+  /// under Memory::device; each names the rank, the call and the expert.
+  /// @note Local completion: on return. Remote completion: none. Blocks: no. Communicates: no.
+  std::span<std::byte> expert_outputs(Handle& h, int local);
+  /// Sends the rows of expert_outputs(h, local), as the expert wrote them, back to the sources. Throws
+  /// Errc::invalid_argument, changing nothing, when expert_outputs(h, local) was not taken for this call, and as
+  /// combine_send(h, local, outputs) does otherwise.
+  /// @note As combine_send(h, local, outputs); with Config::zero_copy on a Layer in per_expert the rows must
+  /// not be written again until combine_recv(h) returns (load/store sources read them in place).
+  void combine_send(Handle& h, int local);
   /// Waits for the outputs of every expert this rank's tokens went to and writes
   /// out[t] = sum_k topk_weights[t,k] * output(t,k) in float, in the order of Config::combine ("Combine modes"),
   /// original token order.
@@ -321,10 +352,16 @@ class LayerBase {
   /// under Memory::device).
   virtual void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) = 0;
   virtual void recv_outputs(Handle& h, std::span<float> out) = 0;
+  /// The layer-owned rows of expert_outputs for local expert `local` of `h` (`bytes` of them), or an empty
+  /// span to use this call's own host memory (the default).
+  virtual std::span<std::byte> heap_outputs(HandleState& h, int local, std::size_t bytes);
   /// Packs the tokens `toks` (with their e4m3 scale) at stride token_bytes_ into `dst`.
   void pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
             std::span<const float> scales) const;
   void check_handle(const Handle& h, const char* call) const;
+  /// check_handle, then Errc::out_of_range unless `local` is an index of this rank's experts and
+  /// Errc::invalid_argument unless that expert is complete, naming the rank, `call`, the call number and the index.
+  void check_expert(const Handle& h, int local, const char* call) const;
   /// Throws Errc::invalid_argument unless `h` is the oldest call not yet combined (O(1)).
   void check_oldest(const Handle& h, const char* call) const;
   /// Checks a combine_recv call: the handle, the order, every local expert combine_sent.
@@ -332,6 +369,11 @@ class LayerBase {
   /// The final sum both implementations use: per_expert out[t] = sum_k w[t,k] * combine[coffset(t,k)]; per_rank
   /// and per_node the documented order from per-expert rows (BspLayer).
   void reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const;
+  /// per_expert: the sum from each (owner, local expert) batch's first row ([ranks x max_local], see
+  /// reduce_outputs in moe/kernels.hpp).
+  void reduce_batches(const HandleState& h, std::span<const std::byte* const> batches, std::span<float> out) const;
+  /// Throws Errc::invalid_argument unless `out` holds n x hidden floats.
+  void check_out(const HandleState& h, std::span<float> out) const;
   /// Copies the batches of local expert `le` (batch from source s starts at block(s), token stride
   /// token_bytes_) into one contiguous array; recv_counts must be filled.
   void regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block);
@@ -421,6 +463,7 @@ class Layer final : public LayerBase {
   void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
   void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) override;
   void recv_outputs(Handle& h, std::span<float> out) override;
+  std::span<std::byte> heap_outputs(HandleState& h, int local, std::size_t bytes) override;
   void release_if_done(HandleState& s);
   /// Throws OutOfHeap (with the advice) unless `need` bytes fit in the heap's largest free block.
   void check_heap(std::size_t need) const;

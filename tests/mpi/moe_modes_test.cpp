@@ -5,6 +5,9 @@
 //                              all tokens to one expert, top-1 and top-k = all experts, an odd hidden;
 //                              per_rank, per_node and BspLayer agree bit for bit;
 //   MoeModes.ThousandCalls*    1000 calls with changing routing, run-ahead and split phases;
+//                              each also with Config::zero_copy (expert_outputs, mixed with the copying call);
+//   MoeModes.ThousandCallsZeroCopy  the zero-copy combine across set reuse at run-ahead 3;
+//   MoeModes.ZeroCopyArgumentErrors  expert_outputs and combine_send(h, e) refuse bad arguments, naming them;
 //   MoeModes.TwoLayersInterleaved  a per_rank and a per_node layer with calls of both in flight;
 //   MoeModes.TrafficMatchesFormula  the bytes each rank sends on and off its node (LayerBase::traffic()) equal
 //                              a count made here from the routing, the node map and the documented relay rule;
@@ -54,7 +57,7 @@ std::string describe(const Config& c) {
   std::ostringstream s;
   s << "experts " << c.num_experts << " topk " << c.topk << " hidden " << c.hidden << " max_tokens "
     << c.max_tokens_per_rank << " " << moe::to_string(c.dtype) << " " << moe::to_string(c.combine)
-    << (c.float_partials ? " float_partials" : "");
+    << (c.float_partials ? " float_partials" : "") << (c.zero_copy ? " zero_copy" : "");
   return s.str();
 }
 
@@ -154,17 +157,30 @@ std::vector<std::byte> compute(const Config& c, const moe::ExpertTokens& t) {
   return out;
 }
 
+// Computes local expert `le` and sends its outputs back. Under Config::zero_copy the experts mix the three ways
+// ("Zero-copy combine" in moe.hpp): le % 3 == 0 writes into expert_outputs and calls combine_send(h, le); 1 passes
+// its own buffer (the copying call); 2 writes into expert_outputs and passes that span to the copying call.
+void give_back(moe::LayerBase& layer, const Config& c, moe::Handle& h, int le) {
+  const std::vector<std::byte> y = compute(c, layer.expert_tokens(h, le));
+  if (!c.zero_copy || le % 3 == 1) return layer.combine_send(h, le, y);
+  const std::span<std::byte> rows = layer.expert_outputs(h, le);
+  ASSERT_EQ(rows.size(), y.size()) << "expert_outputs of local expert " << le << ": " << describe(c);
+  ASSERT_EQ(layer.expert_outputs(h, le).data(), rows.data()) << "expert_outputs moved between two calls";
+  if (!y.empty()) std::memcpy(rows.data(), y.data(), y.size());
+  if (le % 3 == 0) return layer.combine_send(h, le);
+  layer.combine_send(h, le, rows);
+}
+
 // Computes and sends back every local expert of a call that was dispatch_sent (any call in flight).
 void send_outputs(moe::LayerBase& layer, const Config& c, moe::Handle& h, Phases p) {
   if (p == Phases::split_reversed) {
     layer.dispatch_recv(h);
-    for (int le = layer.local_experts() - 1; le >= 0; --le)
-      layer.combine_send(h, le, compute(c, layer.expert_tokens(h, le)));
+    for (int le = layer.local_experts() - 1; le >= 0; --le) give_back(layer, c, h, le);
     return;
   }
   int seen = 0;
   while (auto le = layer.next_expert(h)) {
-    layer.combine_send(h, *le, compute(c, layer.expert_tokens(h, *le)));
+    give_back(layer, c, h, *le);
     ++seen;
   }
   EXPECT_EQ(seen, layer.local_experts());
@@ -179,6 +195,11 @@ std::vector<float> run(moe::LayerBase& layer, const Config& c, const Input& in, 
     for (int le = 0; le < layer.local_experts(); ++le) {
       outs[le] = compute(c, layer.expert_tokens(h, le));
       views.emplace_back(outs[le]);
+      if (c.zero_copy && le % 2 == 0) {  // combine() with the layer's own rows: sent in place
+        const std::span<std::byte> rows = layer.expert_outputs(h, le);
+        if (!outs[le].empty()) std::memcpy(rows.data(), outs[le].data(), outs[le].size());
+        views.back() = rows;
+      }
     }
     layer.combine(h, views, out);
     return out;
@@ -214,14 +235,23 @@ void match_reference(const std::vector<Shape>& shapes) {
         Config c = base;
         c.combine = kModes[m].combine;
         c.float_partials = kModes[m].float_partials;
-        moe::Layer ubep(ctx, c);
-        moe::BspLayer bsp(ctx, c);
+        Config zc = c;
+        zc.zero_copy = true;
+        moe::Layer ubep(ctx, c), ubep_zc(ctx, zc);
+        moe::BspLayer bsp(ctx, c), bsp_zc(ctx, zc);
         for (std::size_t r = 0; r < inputs.size(); ++r) {
           const Phases ph = static_cast<Phases>((r + m) % 3);
           const Input& in = inputs[r];
           const auto a = run(ubep, c, in, ph);
           const auto b = run(bsp, c, in, ph);
           const auto ref = reference(ctx, c, in);
+          // The zero-copy combine (expert_outputs, mixed with the copying combine_send) gives the same bits.
+          EXPECT_TRUE(bit_identical(run(ubep_zc, zc, in, ph), ref))
+              << "rank " << me << " of " << P << ": Layer with expert_outputs differs from the serial reference: "
+              << describe(zc) << " route " << to_string(kRoutes[r]);
+          EXPECT_TRUE(bit_identical(run(bsp_zc, zc, in, ph), ref))
+              << "rank " << me << " of " << P << ": BspLayer with expert_outputs differs from the serial reference: "
+              << describe(zc) << " route " << to_string(kRoutes[r]);
           EXPECT_TRUE(bit_identical(a, ref)) << "rank " << me << " of " << P << ": Layer differs from the serial "
                                              << "reference: " << describe(c) << " route " << to_string(kRoutes[r]);
           EXPECT_TRUE(bit_identical(b, ref)) << "rank " << me << " of " << P << ": BspLayer differs from the serial "
@@ -324,6 +354,17 @@ TEST(MoeModes, ThousandCallsPerRankEqualsPerNode) {
   int differ = 0;
   for (std::size_t i = 0; i < node.size(); ++i) differ += !bit_identical(node[i], rank[i]);
   EXPECT_EQ(differ, 0) << "rank " << ctx.rank() << ": per_rank and per_node differ in " << differ << " of 1000 calls";
+  ctx.finalize();
+}
+
+// The zero-copy combine over 1000 calls at run-ahead 3: an owner's heap rows of a set are rewritten only after
+// every source has read the call that used them before.
+TEST(MoeModes, ThousandCallsZeroCopy) {
+  Context ctx(MPI_COMM_WORLD, opts(3));
+  Config c{7, 8, DType::bf16, 3, 6};
+  c.combine = Combine::per_expert;
+  c.zero_copy = true;
+  (void)thousand_calls(ctx, c);
   ctx.finalize();
 }
 
@@ -617,6 +658,58 @@ TEST(MoeModes, ProgressServesRelaysOutsideTheLayer) {
     std::vector<float> out(static_cast<std::size_t>(in.n) * c.hidden);
     layer.combine_recv(h, out);
     EXPECT_TRUE(bit_identical(out, reference(ctx, c, in))) << "call " << call;
+  }
+  ctx.finalize();
+}
+
+// ---- zero-copy combine: argument errors ---------------------------------------------------------------
+
+// expert_outputs and combine_send(h, e) refuse an expert that is not this rank's, one not complete, a send
+// without outputs, a wrong-sized span of the layer's rows and a second write after combine_send, each naming
+// the rank, the call and the value, and change nothing: the call then completes with the right sums.
+TEST(MoeModes, ZeroCopyArgumentErrors) {
+  Context ctx(MPI_COMM_WORLD, opts());
+  for (const Combine mode : {Combine::automatic, Combine::per_rank}) {
+    Config c{7, 8, DType::bf16, 3, 6};
+    c.combine = mode;
+    c.zero_copy = true;
+    moe::Layer layer(ctx, c);
+    const std::string me = "rank " + std::to_string(ctx.rank());
+    const int local = layer.local_experts();
+    const Input in = input_of(c, ctx.rank(), ctx.size(), Route::full, 21);
+    moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
+    const std::string call = "call " + std::to_string(h.call());
+    test::expect_error(Errc::out_of_range, [&] { (void)layer.expert_outputs(h, local); },
+                       {me, "expert_outputs", call, "local expert " + std::to_string(local), "not an expert of"});
+    test::expect_error(Errc::out_of_range, [&] { (void)layer.expert_outputs(h, -1); },
+                       {me, "expert_outputs", "local expert -1"});
+    test::expect_error(Errc::out_of_range, [&] { layer.combine_send(h, local); },
+                       {me, "combine_send", std::to_string(local)});
+    if (local > 0) {  // nothing is regrouped before next_expert or dispatch_recv
+      test::expect_error(Errc::invalid_argument, [&] { (void)layer.expert_outputs(h, 0); },
+                         {me, "expert_outputs", call, "local expert 0", "not complete"});
+    }
+    layer.dispatch_recv(h);
+    for (int le = 0; le < local; ++le) {
+      const std::vector<std::byte> y = compute(c, layer.expert_tokens(h, le));
+      test::expect_error(Errc::invalid_argument, [&] { layer.combine_send(h, le); },
+                         {me, "combine_send", call, "local expert " + std::to_string(le), "expert_outputs"});
+      const std::span<std::byte> rows = layer.expert_outputs(h, le);
+      ASSERT_EQ(rows.size(), y.size());
+      if (!y.empty()) {
+        std::memcpy(rows.data(), y.data(), y.size());
+        test::expect_error(Errc::invalid_argument, [&] { layer.combine_send(h, le, rows.first(rows.size() - 2)); },
+                           {me, "combine_send", std::to_string(rows.size() - 2), std::to_string(rows.size())});
+      }
+      layer.combine_send(h, le);
+      test::expect_error(Errc::invalid_argument, [&] { (void)layer.expert_outputs(h, le); },
+                         {me, "expert_outputs", call, "local expert " + std::to_string(le), "already combine_sent"});
+      test::expect_error(Errc::invalid_argument, [&] { layer.combine_send(h, le); },
+                         {me, "combine_send", std::to_string(le), "already sent"});
+    }
+    std::vector<float> out(static_cast<std::size_t>(in.n) * c.hidden);
+    layer.combine_recv(h, out);
+    EXPECT_TRUE(bit_identical(out, reference(ctx, c, in))) << describe(c);
   }
   ctx.finalize();
 }
