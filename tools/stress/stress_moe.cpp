@@ -33,7 +33,7 @@ std::string describe(const Config& c) {
   std::ostringstream s;
   s << moe::to_string(c.combine) << (c.float_partials ? "+float_partials" : "") << " " << moe::to_string(c.dtype)
     << " experts " << c.num_experts << " topk " << c.topk << " hidden " << c.hidden << " max_tokens "
-    << c.max_tokens_per_rank;
+    << c.max_tokens_per_rank << (c.zero_copy ? " zero_copy" : "");
   return s.str();
 }
 
@@ -50,6 +50,7 @@ Config draw_config(const MoeSettings& s, std::uint64_t round, int ranks) {
   c.topk = static_cast<int>(rng.range(1, static_cast<std::uint64_t>(std::min(c.num_experts, 6))));
   c.hidden = static_cast<int>(rng.range(1, static_cast<std::uint64_t>(s.max_hidden)));
   c.max_tokens_per_rank = static_cast<int>(rng.range(1, static_cast<std::uint64_t>(s.max_tokens)));
+  c.zero_copy = rng.chance(0.5);  // even local experts then write into expert_outputs
   return c;
 }
 
@@ -154,6 +155,18 @@ void moe_round(Context& ctx, const MoeSettings& s, std::uint64_t round, std::uin
       if (s.inject && !out.empty()) out[0] ^= std::byte{0x40};  // a different first element
       return out;
     };
+    // Under Config::zero_copy the even local experts go back through expert_outputs and combine_send(h, le).
+    auto give = [&](moe::Handle& h, int le, const std::vector<std::byte>& out) {
+      if (c.zero_copy && le % 2 == 0) {
+        const std::span<std::byte> rows = layer.expert_outputs(h, le);
+        if (!out.empty()) std::memcpy(rows.data(), out.data(), out.size());
+        Timer t(hist, Op::moe_combine_send);
+        layer.combine_send(h, le);
+        return;
+      }
+      Timer t(hist, Op::moe_combine_send);
+      layer.combine_send(h, le, out);
+    };
     auto serve = [&](moe::Handle& h, bool reversed) {
       if (reversed) {
         {
@@ -163,8 +176,7 @@ void moe_round(Context& ctx, const MoeSettings& s, std::uint64_t round, std::uin
         for (int le = layer.local_experts() - 1; le >= 0; --le) {
           auto out = compute_layer(layer.expert_tokens(h, le));
           delay(false);
-          Timer t(hist, Op::moe_combine_send);
-          layer.combine_send(h, le, out);
+          give(h, le, out);
         }
         return;
       }
@@ -179,8 +191,7 @@ void moe_round(Context& ctx, const MoeSettings& s, std::uint64_t round, std::uin
         ++seen;
         auto out = compute_layer(layer.expert_tokens(h, *le));
         delay(false);
-        Timer t(hist, Op::moe_combine_send);
-        layer.combine_send(h, *le, out);
+        give(h, *le, out);
       }
       if (seen != layer.local_experts()) {
         mismatches.report(round, "moe: next_expert returned " + std::to_string(seen) + " experts, the rank owns " +
