@@ -169,6 +169,7 @@ struct Result {
   int iterations = 0, warmup = 0;
   unsigned run_ahead = 0;
   std::size_t heap_bytes = 0;
+  bool zero_copy = false;  // the layer's Config::zero_copy (--outputs layer, within the heap budget)
   /// Per call and rank over the timed iterations: the mean over ranks (rounded to whole bytes) and the
   /// maximum over ranks.
   Bytes mean, max;

@@ -549,6 +549,7 @@ void run_shape(const Args& a, const Comm& comm, const moe::Config& cfg, int iter
         r.warmup = warmup;
         r.run_ahead = ubep ? run_ahead : 0;
         r.heap_bytes = ubep ? heap : 0;
+        r.zero_copy = impls[i]->config().zero_copy;
         results.push_back(r);
       }
       const Result& b = results.back();

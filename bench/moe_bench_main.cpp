@@ -205,7 +205,7 @@ int run(const Args& a, const Comm& comm) {
     shape.float_partials = a.float_partials;
     shape.memory = moe::parse_memory(a.memory);
     shape.zero_copy = a.outputs == "layer" && shape.memory == moe::Memory::host;
-    const moe::Config& cfg = shape;
+    moe::Config& cfg = shape;
     const int iterations = a.iterations_for(n), warmup = a.warmup_for(n);
 
     // Heap and run-ahead: every (route, schedule) holds its own Context, all alive at once (interleaved runs).
@@ -230,6 +230,15 @@ int run(const Args& a, const Comm& comm) {
                  "budget of ",
                  contexts_per_shape, wanted) +
              mib(budget) + " per rank (--heap-budget; default a quarter of physical memory over the ranks of a node)";
+    }
+    if (const std::size_t zc = heap_for(run_ahead);
+        cfg.zero_copy && !a.run_ahead && (zc + slack(zc)) * contexts_per_shape > budget) {
+      // Config::zero_copy adds as many output rows as token rows; past the budget the experts still write into
+      // expert_outputs, which is then this call's host memory, and combine_send copies it.
+      cfg.zero_copy = false;
+      note += std::string(note.empty() ? "" : "; ") + fmt("Config::zero_copy off for %d tokens/rank: ", n) + mib(zc) +
+              " of heap per rank and Context would remain over the budget (the experts still write into "
+              "expert_outputs, then host memory of the call, and combine_send copies it)";
     }
     const std::size_t needed = heap_for(run_ahead);
     // UBEP_HEAP_SIZE, when set, is a lower bound; otherwise the heap is what the Layer needs plus slack. The

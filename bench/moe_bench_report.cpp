@@ -137,6 +137,7 @@ nlohmann::json to_json(const Args& a, int ranks, const Result& r) {
           {"warmup", r.warmup},
           {"run_ahead", r.run_ahead},
           {"heap_bytes", r.heap_bytes},
+          {"zero_copy", r.zero_copy},
           {"bytes_per_call", {{"mean", bytes(r.mean)}, {"max", bytes(r.max)}}},
           {"floor_bytes", r.floor_bytes},
           {"floor_us", r.floor_us > 0.0 ? nlohmann::json(r.floor_us) : nlohmann::json()},

@@ -238,7 +238,8 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
        static_cast<std::int64_t>(ctx.options().run_ahead), static_cast<std::int64_t>(c.combine),
        c.float_partials ? 1 : 0},
       {"num_experts", "hidden", "dtype", "topk", "max_tokens_per_rank", "UBEP_RUN_AHEAD", "combine", "float_partials"});
-  ctx.agree(who, {static_cast<std::int64_t>(c.memory)}, {"memory"});  // agree() takes at most 8 values
+  ctx.agree(who, {static_cast<std::int64_t>(c.memory), c.zero_copy ? 1 : 0},
+            {"memory", "zero_copy"});  // agree() takes at most 8 values
   map_ = ExpertMap{c.num_experts, size_};
   token_bytes_ = token_stride(c);
   out_token_bytes_ = output_stride(c);
@@ -397,6 +398,7 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   h.expert_scales.resize(local);
   h.out_rows.resize(local);
   h.out_taken.assign(local, 0);
+  h.out_in_place.assign(local, 0);
   h.own_outputs.resize(local);
   h.out_row0.assign(local, kNotOnDevice);
   if (config_.memory == Memory::device) h.device_at.assign(local, kNotOnDevice);

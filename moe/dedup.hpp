@@ -736,6 +736,10 @@ struct Layer::Dedup {
           s.dd_stage[src] = stage(key(1, z, src), s.dd_n[src] * g.rb, to);
       }
     }
+    // The outputs are this expert's expert_outputs rows: they stay until combine_recv, so the rows of records
+    // still waiting for another expert are read there later instead of copied.
+    const bool in_place = s.out_taken[local] && outputs.data() == s.out_rows[local].data();
+    s.out_in_place[local] = in_place ? 1 : 0;
     const std::vector<int>& rows_of = s.dd_by_le[local];
     std::vector<std::byte>* copy = nullptr;
     std::vector<float> w;
@@ -744,6 +748,7 @@ struct Layer::Dedup {
       const int r = s.dd_rec_of[rows_of[j]];
       const std::byte* mine = outputs.data() + j * ob;
       if (--s.dd_pending[r] > 0) {
+        if (in_place) continue;
         if (!copy) {
           copy = &s.dd_out[local];
           if (copy->capacity() < outputs.size() && !ly.pool_.empty()) {
@@ -759,8 +764,9 @@ struct Layer::Dedup {
       y.clear();
       for (std::size_t i = s.dd_ent[r]; i < s.dd_ent[static_cast<std::size_t>(r) + 1]; ++i) {
         w.push_back(s.dd_w[i]);
-        y.push_back(s.dd_le[i] == local ? mine
-                                        : s.dd_out[s.dd_le[i]].data() + static_cast<std::size_t>(s.dd_row[i]) * ob);
+        const int le = s.dd_le[i];
+        const std::byte* kept = s.out_in_place[le] ? s.out_rows[le].data() : s.dd_out[le].data();
+        y.push_back(le == local ? mine : kept + static_cast<std::size_t>(s.dd_row[i]) * ob);
       }
       const int src = s.dd_src_of[r];
       const std::size_t at = (static_cast<std::size_t>(r) - s.dd_rec[src]) * g.rb;

@@ -56,6 +56,7 @@ struct HandleState {
   // row in this call's set of the Layer's output rows (kNotOnDevice when not in the heap); rows taken so far.
   std::vector<std::span<std::byte>> out_rows;      // [local]
   std::vector<std::uint8_t> out_taken;             // [local]
+  std::vector<std::uint8_t> out_in_place;          // [local] combine_sent from its expert_outputs rows (per_rank/per_node)
   std::vector<std::vector<std::byte>> own_outputs;  // [local] host rows when not in the heap
   std::vector<std::size_t> out_row0;               // [local]
   std::size_t out_cursor = 0;

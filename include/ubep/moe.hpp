@@ -83,7 +83,8 @@
 /// the mpi route gets them by an RMA put straight from these rows; one on the ucx route by a staging copy
 /// (all its rows in one message, as combine_send(h, e, outputs) sends them). Everywhere else (BspLayer,
 /// per_rank, per_node, or Config::zero_copy unset) the rows are this call's own host memory and
-/// combine_send(h, e) sends them as combine_send(h, e, rows) would. The outputs are bit-identical to the
+/// combine_send(h, e) sends them as combine_send(h, e, rows) would, except that per_rank and per_node owners
+/// read them in place for the partial rows (keeping no copy of rows that wait for another local expert). The outputs are bit-identical to the
 /// copying combine_send in every case. combine_send(h, e, outputs) with `outputs` being those rows is the
 /// same call as combine_send(h, e). Host memory only (Config::memory = host).
 ///
@@ -420,7 +421,8 @@ class Layer final : public LayerBase {
   /// per_rank/per_node one chunk per source of max_tokens_per_rank tokens with their expert lists, rows for
   /// max_tokens_per_rank x min(topk, ranks) partial or node rows, and per_node across nodes one inbox of
   /// max_tokens_per_rank tokens per source this rank relays for, with max_tokens_per_rank x min(topk, ranks
-  /// per node) partial rows each; and the signals (see heap_bytes()). Throws Errc::invalid_argument for a bad
+  /// per node) partial rows each; per_expert under Config::zero_copy as many expert-output rows as token rows and
+  /// a table of ranks x max_local words; and the signals (see heap_bytes()). Throws Errc::invalid_argument for a bad
   /// config (a dtype outside DType, a combine outside Combine, num_experts or hidden outside [1, 2^20], topk
   /// outside [1, num_experts], a negative max_tokens_per_rank, buffers beyond 2^52 bytes) on each rank before
   /// any collective; collective_mismatch when ranks disagree on the config; OutOfHeap
@@ -430,7 +432,8 @@ class Layer final : public LayerBase {
   /// schedule `UBEP_SCHEDULE` (ctx.options().schedule).
   /// @note Local completion: on return the buffers exist on this rank, its signals zeroed. Remote completion:
   /// no rank returns before every rank has zeroed its signals (Context::alloc_signals). Blocks: the config
-  /// agreement, two Context::alloc and three Context::alloc_signals, each at most UBEP_WAIT_TIMEOUT.
+  /// agreement, two Context::alloc (four under Config::zero_copy in per_expert) and three Context::alloc_signals,
+  /// each at most UBEP_WAIT_TIMEOUT.
   /// Communicates: collective over ctx's communicator.
   Layer(Context& ctx, const Config& config);
   /// Releases the buffers on this rank only, as ~Symmetric does.

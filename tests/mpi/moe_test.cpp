@@ -178,6 +178,11 @@ TEST(Moe, BadInputIsReportedAndPeersTimeOut) {
   Config odd = c;
   odd.hidden = 8 + ctx.rank();
   test::expect_error(Errc::collective_mismatch, [&] { moe::Layer l(ctx, odd); }, {"moe::Layer", "hidden"});
+  if (ctx.size() > 1) {  // zero_copy on some ranks only: their heaps would differ
+    Config half = c;
+    half.zero_copy = ctx.rank() % 2 == 0;
+    test::expect_error(Errc::collective_mismatch, [&] { moe::Layer l(ctx, half); }, {"moe::Layer", "zero_copy"});
+  }
   moe::Layer layer(ctx, c);
   std::vector<std::byte> tok(4 * 8 * 4);
   std::vector<float> w(8, 0.5f);
