@@ -52,8 +52,8 @@ struct Args {
   /// --outputs: layer (the expert writes into expert_outputs, Config::zero_copy) or own (combine_send copies the
   /// expert's own buffer; the timed expert then writes nothing: its outputs are its input). Host memory only.
   std::string outputs = "layer";
-  unsigned run_ahead = 0;       // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
-  std::string heap_budget;      // empty: a quarter of physical memory over the ranks of the node
+  unsigned run_ahead = 0;   // 0: UBEP_RUN_AHEAD, lowered to 1 when the heap exceeds the budget
+  std::string heap_budget;  // empty: a quarter of physical memory over the ranks of the node
   int check_tokens = 8;
   std::string json;
   std::string plot;

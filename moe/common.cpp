@@ -552,8 +552,8 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
 
 int LayerBase::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {
   check_expert(h, local, "combine_send");
-  const std::string pre = "ubep: rank " + std::to_string(rank_) + ": combine_send: call " +
-                          std::to_string(h.state_->call) + ": ";
+  const std::string pre =
+      "ubep: rank " + std::to_string(rank_) + ": combine_send: call " + std::to_string(h.state_->call) + ": ";
   if (h.state_->combined[local]) {
     throw Error(Errc::invalid_argument, pre + "local expert " + std::to_string(local) + " was already sent");
   }
@@ -598,8 +598,9 @@ std::span<std::byte> LayerBase::expert_outputs(Handle& h, int local) {
                                             "combine_recv, a second write would race their reads");
   }
   if (config_.memory == Memory::device) {
-    throw Error(Errc::unsupported, pre + which + ": expert_outputs is host memory only, Config::memory is device "
-                                                 "(pass the outputs to combine_send(h, e, outputs))");
+    throw Error(Errc::unsupported, pre + which +
+                                       ": expert_outputs is host memory only, Config::memory is device "
+                                       "(pass the outputs to combine_send(h, e, outputs))");
   }
   if (!s.out_taken[local]) {
     const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);

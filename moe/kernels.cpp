@@ -192,8 +192,8 @@ inline void store(const RowKernels& k, const float* acc, std::byte* dst, bool f3
 }  // namespace
 
 void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
-                    std::span<const int> pos, std::span<const std::byte* const> batch, std::size_t row_bytes,
-                    bool f32, std::size_t hidden, std::span<float> out) {
+                    std::span<const int> pos, std::span<const std::byte* const> batch, std::size_t row_bytes, bool f32,
+                    std::size_t hidden, std::span<float> out) {
   const RowKernels& k = K();
   const int L = map.max_local();
   const std::size_t kk = static_cast<std::size_t>(topk);
@@ -206,7 +206,8 @@ void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, st
       const std::size_t m = std::min(kMaxK, kk - a0);
       for (std::size_t a = 0; a < m; ++a) {
         const int e = idx[t * kk + a0 + a], d = map.owner(e), le = e - map.first(d);
-        rows[a] = batch[static_cast<std::size_t>(d) * L + le] + static_cast<std::size_t>(pos[t * kk + a0 + a]) * row_bytes;
+        rows[a] =
+            batch[static_cast<std::size_t>(d) * L + le] + static_cast<std::size_t>(pos[t * kk + a0 + a]) * row_bytes;
       }
       // Block by block, so that out[t] is written once per chunk of rows; per element the order stays
       // 0 + w[0] * y[0] + w[1] * y[1] + ..., as documented.

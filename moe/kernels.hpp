@@ -47,8 +47,8 @@ void regroup_tokens(std::span<const int> counts, std::span<const std::byte* cons
 /// floats when `f32`, else `hidden` bfloat16 values. A batch is the rows of one (owner, expert) in this
 /// source's token order, wherever they are (the source's combine buffer, or the owner's rows read in place).
 void reduce_outputs(const ExpertMap& map, int topk, std::span<const int> idx, std::span<const float> weights,
-                    std::span<const int> pos, std::span<const std::byte* const> batch, std::size_t row_bytes,
-                    bool f32, std::size_t hidden, std::span<float> out);
+                    std::span<const int> pos, std::span<const std::byte* const> batch, std::size_t row_bytes, bool f32,
+                    std::size_t hidden, std::span<float> out);
 /// The batches of a combine buffer laid out by `coffset` (in rows): combine + coffset[i] * row_bytes.
 std::vector<const std::byte*> batches_at(std::span<const std::size_t> coffset, const std::byte* combine,
                                          std::size_t row_bytes);

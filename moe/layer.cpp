@@ -91,8 +91,9 @@ Geometry geometry(const Config& c, const ExpertMap& map) {
   return {header, region, (region - header) / token_stride(c)};
 }
 /// Config::zero_copy: the output rows of one set: every source may fill its region.
+/// None under Memory::device, where expert_outputs is refused.
 std::size_t zero_copy_rows(const Config& c, const Geometry& g, std::size_t ranks) {
-  return c.zero_copy ? ranks * g.rows : 0;
+  return c.zero_copy && c.memory == Memory::host ? ranks * g.rows : 0;
 }
 }  // namespace
 
@@ -113,9 +114,10 @@ std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   const Geometry g = geometry(c, map);
   // dbuf, cbuf, dsig, csig, rel (each allocation rounded up to 64 bytes), and slack for the allocator.
   const std::size_t dsig = S * (static_cast<std::size_t>(map.max_local()) + 1) * P;
-  const std::size_t zero_copy = c.zero_copy ? up64(S * zero_copy_rows(c, g, P) * output_stride(c)) +
-                                                  up64(S * P * static_cast<std::size_t>(map.max_local()) * 8)
-                                            : 0;
+  const std::size_t zero_copy = zero_copy_rows(c, g, P)
+                                    ? up64(S * zero_copy_rows(c, g, P) * output_stride(c)) +
+                                          up64(S * P * static_cast<std::size_t>(map.max_local()) * 8)
+                                    : 0;
   return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + up64(dsig * 8) + up64(S * P * 8) + up64(P * 8) +
          zero_copy + 4096;
 }
@@ -154,8 +156,8 @@ Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"
   impl_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
   impl_->csig = ctx.alloc_signals(S * P);
   impl_->rel = ctx.alloc_signals(P);
-  if (config.zero_copy) {
-    impl_->orows = zero_copy_rows(config, g, P);
+  impl_->orows = zero_copy_rows(config, g, P);
+  if (impl_->orows) {
     impl_->obuf = ctx.alloc<std::byte>(S * impl_->orows * out_token_bytes_);
     impl_->otab = ctx.alloc<std::uint64_t>(S * P * static_cast<std::size_t>(map_.max_local()));
   }
@@ -396,8 +398,8 @@ void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> output
   const int experts = local_experts();
   // The outputs are this expert's heap rows (expert_outputs under Config::zero_copy): load/store sources read
   // them in place, mpi-route ones get them by a put straight from them.
-  const bool in_place = s.out_row0[local] != kNotOnDevice && s.out_taken[local] &&
-                        outputs.data() == s.out_rows[local].data();
+  const bool in_place =
+      s.out_row0[local] != kNotOnDevice && s.out_taken[local] && outputs.data() == s.out_rows[local].data();
   if (s.out_bytes && s.out_stage.empty()) {
     // Staging for this call's outputs to network-route sources: on mpi freed by the flush after the last
     // expert; on ucx in flight after it, so a staging copy from the pool is reused only once UCX is done
@@ -511,8 +513,8 @@ void Layer::recv_outputs(Handle& h, std::span<float> out) {
     const std::size_t set_bytes = m.orows * out_token_bytes_;
     for (std::size_t d = 0; d < P; ++d) {
       if (want[d] == 0 || packed(ctx_.route(static_cast<int>(d)))) continue;
-      const std::uint64_t* tab = ctx_.ptr(&m.otab[(static_cast<std::size_t>(s.set) * P + rank_) * L], L,
-                                          static_cast<int>(d));
+      const std::uint64_t* tab =
+          ctx_.ptr(&m.otab[(static_cast<std::size_t>(s.set) * P + rank_) * L], L, static_cast<int>(d));
       const std::byte* rows = ctx_.ptr(m.obuf.data() + s.set * set_bytes, set_bytes, static_cast<int>(d));
       for (std::size_t le = 0; le < L; ++le) {
         const std::uint64_t count = static_cast<std::uint64_t>(s.send_counts[d * L + le]);

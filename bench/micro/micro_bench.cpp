@@ -263,8 +263,8 @@ void BM_reduce(benchmark::State& state, DType dtype) {
   const bool f32 = ubep::moe::output_dtype(dtype) == DType::f32;
   const std::vector<const std::byte*> batches = ubep::moe::batches_at(in.plan.coffset, in.combine.data(), in.row_bytes);
   for (auto _ : state) {
-    ubep::moe::reduce_outputs(in.plan.map, kTopk, in.plan.idx, in.plan.weights, in.plan.pos, batches, in.row_bytes,
-                              f32, static_cast<std::size_t>(shape.hidden), in.out);
+    ubep::moe::reduce_outputs(in.plan.map, kTopk, in.plan.idx, in.plan.weights, in.plan.pos, batches, in.row_bytes, f32,
+                              static_cast<std::size_t>(shape.hidden), in.out);
     benchmark::ClobberMemory();
   }
   set_rates(state, static_cast<std::size_t>(shape.tokens), in.combine.size());

@@ -84,9 +84,9 @@
 /// (all its rows in one message, as combine_send(h, e, outputs) sends them). Everywhere else (BspLayer,
 /// per_rank, per_node, or Config::zero_copy unset) the rows are this call's own host memory and
 /// combine_send(h, e) sends them as combine_send(h, e, rows) would, except that per_rank and per_node owners
-/// read them in place for the partial rows (keeping no copy of rows that wait for another local expert). The outputs are bit-identical to the
-/// copying combine_send in every case. combine_send(h, e, outputs) with `outputs` being those rows is the
-/// same call as combine_send(h, e). Host memory only (Config::memory = host).
+/// read them in place for the partial rows (keeping no copy of rows that wait for another local expert). The outputs
+/// are bit-identical to the copying combine_send in every case. combine_send(h, e, outputs) with `outputs` being those
+/// rows is the same call as combine_send(h, e). Host memory only (Config::memory = host).
 ///
 /// What completes when: the `@note` on each call of LayerBase (and on the constructors) says it, in the
 /// four parts and words of context.hpp, for Layer and BspLayer where they differ. In short: Layer never

@@ -247,11 +247,13 @@ void match_reference(const std::vector<Shape>& shapes) {
           const auto ref = reference(ctx, c, in);
           // The zero-copy combine (expert_outputs, mixed with the copying combine_send) gives the same bits.
           EXPECT_TRUE(bit_identical(run(ubep_zc, zc, in, ph), ref))
-              << "rank " << me << " of " << P << ": Layer with expert_outputs differs from the serial reference: "
-              << describe(zc) << " route " << to_string(kRoutes[r]);
+              << "rank " << me << " of " << P
+              << ": Layer with expert_outputs differs from the serial reference: " << describe(zc) << " route "
+              << to_string(kRoutes[r]);
           EXPECT_TRUE(bit_identical(run(bsp_zc, zc, in, ph), ref))
-              << "rank " << me << " of " << P << ": BspLayer with expert_outputs differs from the serial reference: "
-              << describe(zc) << " route " << to_string(kRoutes[r]);
+              << "rank " << me << " of " << P
+              << ": BspLayer with expert_outputs differs from the serial reference: " << describe(zc) << " route "
+              << to_string(kRoutes[r]);
           EXPECT_TRUE(bit_identical(a, ref)) << "rank " << me << " of " << P << ": Layer differs from the serial "
                                              << "reference: " << describe(c) << " route " << to_string(kRoutes[r]);
           EXPECT_TRUE(bit_identical(b, ref)) << "rank " << me << " of " << P << ": BspLayer differs from the serial "

@@ -229,7 +229,8 @@ Reductions reduce_all(bool f32, std::size_t hidden, unsigned seed) {
   }
   Reductions r;
   r.per_expert.assign(static_cast<std::size_t>(kTokens) * hidden, 0.0f);
-  reduce_outputs(map, kTopk, idx, w, pos, batches_at(coffset, combine, row_bytes), row_bytes, f32, hidden, r.per_expert);
+  reduce_outputs(map, kTopk, idx, w, pos, batches_at(coffset, combine, row_bytes), row_bytes, f32, hidden,
+                 r.per_expert);
   std::vector<const std::byte*> y;
   for (int a = 0; a < kTopk; ++a) y.push_back(combine + static_cast<std::size_t>(a) * row_bytes);
   // The partial and node rows one element past an aligned address (rows are element arrays, never byte-shifted).
