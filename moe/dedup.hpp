@@ -681,11 +681,7 @@ struct Layer::Dedup {
     const std::size_t payload = static_cast<std::size_t>(ly.config_.hidden) * element_size(ly.config_.dtype);
     const auto& recs = s.dd_src[le];
     std::vector<std::byte>& data = s.expert_data[le];
-    if (data.capacity() < recs.size() * payload && !ly.pool_.empty()) {
-      data.swap(ly.pool_.back());
-      ly.pool_.pop_back();
-    }
-    data.resize(recs.size() * payload);
+    ly.reuse(data, recs.size() * payload);
     std::vector<float>& sc = s.expert_scales[le];
     const bool scaled = ly.config_.dtype == DType::e4m3;
     sc.resize(scaled ? recs.size() : 0);
@@ -751,11 +747,7 @@ struct Layer::Dedup {
         if (in_place) continue;
         if (!copy) {
           copy = &s.dd_out[local];
-          if (copy->capacity() < outputs.size() && !ly.pool_.empty()) {
-            copy->swap(ly.pool_.back());
-            ly.pool_.pop_back();
-          }
-          copy->resize(outputs.size());
+          ly.reuse(*copy, outputs.size());
         }
         std::memcpy(copy->data() + j * ob, mine, ob);
         continue;

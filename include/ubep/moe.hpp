@@ -382,6 +382,8 @@ class LayerBase {
   int check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const;
   /// Marks a handle done and recycles its buffers.
   void finish(HandleState& h);
+  /// Resizes `v` to `bytes`, first taking the pooled buffer that fits best when `v` is too small.
+  void reuse(std::vector<std::byte>& v, std::size_t bytes);
   std::uint64_t finished_ = 0;  // calls whose combine_recv returned
   std::vector<std::vector<std::byte>> pool_;
   Context& ctx_;
