@@ -400,7 +400,6 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   h.out_taken.assign(local, 0);
   h.out_in_place.assign(local, 0);
   h.own_outputs.resize(local);
-  h.out_row0.assign(local, kNotOnDevice);
   if (config_.memory == Memory::device) h.device_at.assign(local, kNotOnDevice);
   send(h, tokens, scales);
   ++calls_;

@@ -52,13 +52,12 @@ struct HandleState {
   std::vector<std::uint8_t> combined;    // combine_send done
   int num_ready = 0, num_returned = 0, num_combined = 0;
   std::vector<std::vector<std::byte>> expert_data;  // [local] contiguous tokens
-  // expert_outputs: per local expert its rows once taken (layer heap, or own_outputs), and the heap rows' first
-  // row in this call's set of the Layer's output rows (kNotOnDevice when not in the heap); rows taken so far.
+  // expert_outputs: per local expert its rows once taken (the Layer's heap rows, or own_outputs), and the heap
+  // rows taken so far in this call's set.
   std::vector<std::span<std::byte>> out_rows;  // [local]
   std::vector<std::uint8_t> out_taken;         // [local]
   std::vector<std::uint8_t> out_in_place;      // [local] combine_sent from its expert_outputs rows (per_rank/per_node)
   std::vector<std::vector<std::byte>> own_outputs;  // [local] host rows when not in the heap
-  std::vector<std::size_t> out_row0;                // [local]
   std::size_t out_cursor = 0;
   std::vector<std::vector<float>> expert_scales;  // [local] e4m3 scales
   // Memory::device: the first row of each local expert's batch in this call's share of the GPU rows

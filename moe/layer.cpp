@@ -383,9 +383,9 @@ std::span<std::byte> Layer::heap_outputs(HandleState& s, int local, std::size_t 
     throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) + ": expert_outputs: " + std::to_string(rows) +
                                     " rows beyond the " + std::to_string(m.orows - s.out_cursor) + " left");
   }
-  s.out_row0[local] = s.out_cursor;
+  std::byte* first = m.obuf.data() + (static_cast<std::size_t>(s.set) * m.orows + s.out_cursor) * out_token_bytes_;
   s.out_cursor += rows;
-  return {m.obuf.data() + (static_cast<std::size_t>(s.set) * m.orows + s.out_row0[local]) * out_token_bytes_, bytes};
+  return {first, bytes};
 }
 
 void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
@@ -398,8 +398,10 @@ void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> output
   const int experts = local_experts();
   // The outputs are this expert's heap rows (expert_outputs under Config::zero_copy): load/store sources read
   // them in place, mpi-route ones get them by a put straight from them.
-  const bool in_place =
-      s.out_row0[local] != kNotOnDevice && s.out_taken[local] && outputs.data() == s.out_rows[local].data();
+  const bool in_place = m.orows && s.out_taken[local] && outputs.data() == s.out_rows[local].data();
+  // Its first row among this call's set of heap rows (meaningful when in_place).
+  const std::size_t row0 =
+      in_place ? static_cast<std::size_t>(outputs.data() - m.obuf.data()) / out_token_bytes_ - s.set * m.orows : 0;
   if (s.out_bytes && s.out_stage.empty()) {
     // Staging for this call's outputs to network-route sources: on mpi freed by the flush after the last
     // expert; on ucx in flight after it, so a staging copy from the pool is reused only once UCX is done
@@ -427,7 +429,7 @@ void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> output
     count(false, src, c * out_token_bytes_);
     if (!packed(ctx_.route(src))) {
       if (in_place) {
-        m.otab[(static_cast<std::size_t>(s.set) * P + src) * L + local] = s.out_row0[local] + first[src];
+        m.otab[(static_cast<std::size_t>(s.set) * P + src) * L + local] = row0 + first[src];
       } else {
         ctx_.put(dest, rows, c * out_token_bytes_, src);
         if (m.orows) m.otab[(static_cast<std::size_t>(s.set) * P + src) * L + local] = kCopied;
