@@ -461,7 +461,8 @@ ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
   return t;
 }
 
-void LayerBase::regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block) {
+void LayerBase::regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block,
+                        const std::function<const std::uint32_t*(int)>& rows) {
   const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
   std::size_t total = 0;
   for (int s = 0; s < size_; ++s)
@@ -472,10 +473,13 @@ void LayerBase::regroup(HandleState& h, int le, const std::function<const std::b
   scales.resize(config_.dtype == DType::e4m3 ? total : 0);
   const std::span<const int> counts(&h.recv_counts[static_cast<std::size_t>(le) * size_], size_);
   std::vector<const std::byte*> blocks(counts.size(), nullptr);
+  std::vector<const std::uint32_t*> at(rows ? counts.size() : 0, nullptr);
   for (int s = 0; s < size_; ++s) {
-    if (counts[s] != 0) blocks[s] = block(s);
+    if (counts[s] == 0) continue;
+    blocks[s] = block(s);
+    if (rows) at[s] = rows(s);
   }
-  regroup_tokens(counts, blocks, token_bytes_, payload, data.data(), scales.empty() ? nullptr : scales.data());
+  regroup_tokens(counts, blocks, token_bytes_, payload, data.data(), scales.empty() ? nullptr : scales.data(), at);
   h.ready[le] = 1;
   ++h.num_ready;
 }

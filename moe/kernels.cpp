@@ -20,15 +20,17 @@ void pack_tokens(std::span<const int> toks, std::span<const std::byte> tokens, s
 }
 
 void regroup_tokens(std::span<const int> counts, std::span<const std::byte* const> blocks, std::size_t stride,
-                    std::size_t payload, std::byte* data, float* scales) {
+                    std::size_t payload, std::byte* data, float* scales, std::span<const std::uint32_t* const> rows) {
   std::size_t row = 0;
   for (std::size_t s = 0; s < counts.size(); ++s) {
     const int c = counts[s];
     if (c == 0) continue;
     const std::byte* p = blocks[s];
+    const std::uint32_t* at = rows.empty() ? nullptr : rows[s];
     for (int j = 0; j < c; ++j, ++row) {
-      std::memcpy(data + row * payload, p + j * stride, payload);
-      if (scales) std::memcpy(&scales[row], p + j * stride + payload, 4);
+      const std::byte* r = p + (at ? at[j] : static_cast<std::size_t>(j)) * stride;
+      std::memcpy(data + row * payload, r, payload);
+      if (scales) std::memcpy(&scales[row], r + payload, 4);
     }
   }
 }

@@ -37,9 +37,11 @@ void pack_tokens(std::span<const int> toks, std::span<const std::byte> tokens, s
 /// Concatenates counts[s] rows of block s (blocks[s], row stride `stride`; read only when counts[s] > 0)
 /// for s = 0, 1, ...: the `payload` bytes of each row into `data`, contiguously, and when `scales` is not
 /// null the 4-byte scale that follows the payload into scales[row]. `data` holds sum(counts) x payload
-/// bytes, `scales` as many floats.
+/// bytes, `scales` as many floats. Where `rows` is not empty and rows[s] is not null, block s is gathered:
+/// its j-th row is row rows[s][j] of blocks[s] (a source's staged tokens), not row j.
 void regroup_tokens(std::span<const int> counts, std::span<const std::byte* const> blocks, std::size_t stride,
-                    std::size_t payload, std::byte* data, float* scales);
+                    std::size_t payload, std::byte* data, float* scales,
+                    std::span<const std::uint32_t* const> rows = {});
 
 /// out[t] = sum_a weights[t,a] * row(t,a), a = 0..topk-1 ascending, in float, for t = 0..n-1 with
 /// n = idx.size() / topk, out [n x hidden] (overwritten). Row (t,a) of expert e = idx[t,a], owned by rank

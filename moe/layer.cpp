@@ -2,7 +2,12 @@
 // (set, source) on every expert owner:
 //   dbuf  [S][ranks] regions   on the expert's owner; source s writes region (set, s): a header of two
 //                              words per local expert of the owner (token count, s's combine offset),
-//                              then the tokens, expert by expert
+//                              then, over mpi and ucx, the tokens expert by expert; over load/store the
+//                              tokens' rows in s's tbuf (uint32), expert by expert
+//   tbuf  [S][max_tokens_per_rank] token rows: this rank's tokens of the call, staged once for the owners
+//                              on load/store, which gather each expert's batch from them (a token then
+//                              moves once to the stage and once per expert into a batch, instead of once
+//                              per expert into the owner's region and again into the batch)
 //   dsig  [S][max_local+1][ranks]  (c+1) << 32 | tokens, set by source s: over load/store one signal per
 //                              local expert (row le) as soon as its tokens are in, so the owner can start
 //                              that expert early; over mpi one signal (row max_local) after the region
@@ -15,7 +20,8 @@
 // signal is one store. On the mpi route the region goes out as one put from a staging copy, the outputs
 // of each expert as one put per source from a staging copy, and there is one flush per peer per direction.
 // Routes are symmetric (same node: load/store both ways), so the owner knows which row each source uses.
-// No collective, no barrier: a source writes call c into owner d's set only after d released call c-S.
+// No collective, no barrier: a source writes call c into owner d's set, or into its own tbuf set that d
+// gathers from, only after d released call c-S (d releases a call after its last expert's gather).
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -30,7 +36,7 @@
 namespace ubep::moe {
 
 struct Layer::Impl {
-  Symmetric<std::byte> dbuf, cbuf;
+  Symmetric<std::byte> dbuf, cbuf, tbuf;
   Symmetric<std::uint64_t> dsig, csig, rel;
   std::vector<int> schedule;
   std::vector<int> peers;    // 0 .. ranks-1: the writer of csig entry i is rank i
@@ -112,14 +118,14 @@ std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   const ExpertMap map{c.num_experts, ranks};
   const std::size_t P = ranks, S = run_ahead, M = c.max_tokens_per_rank;
   const Geometry g = geometry(c, map);
-  // dbuf, cbuf, dsig, csig, rel (each allocation rounded up to 64 bytes), and slack for the allocator.
+  // dbuf, cbuf, tbuf, dsig, csig, rel (each allocation rounded up to 64 bytes), and slack for the allocator.
   const std::size_t dsig = S * (static_cast<std::size_t>(map.max_local()) + 1) * P;
   const std::size_t zero_copy = zero_copy_rows(c, g, P)
                                     ? up64(S * zero_copy_rows(c, g, P) * output_stride(c)) +
                                           up64(S * P * static_cast<std::size_t>(map.max_local()) * 8)
                                     : 0;
-  return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + up64(dsig * 8) + up64(S * P * 8) + up64(P * 8) +
-         zero_copy + 4096;
+  return S * P * g.region + up64(S * M * c.topk * output_stride(c)) + up64(S * M * token_stride(c)) + up64(dsig * 8) +
+         up64(S * P * 8) + up64(P * 8) + zero_copy + 4096;
 }
 
 void Layer::check_heap(std::size_t need) const {
@@ -153,6 +159,7 @@ Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"
   check_heap(need);
   impl_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
   impl_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
+  impl_->tbuf = ctx.alloc<std::byte>(S * M * token_bytes_);
   impl_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
   impl_->csig = ctx.alloc_signals(S * P);
   impl_->rel = ctx.alloc_signals(P);
@@ -198,14 +205,29 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
   std::vector<std::uint64_t> header(2 * L);
   std::size_t staged = 0;
+  // Back-pressure: d must have consumed call c - S from us before we overwrite that buffer set (its region on
+  // d, our tbuf set). Owners on load/store first, all of them: they gather from our tbuf set, staged once.
+  const auto wait_released = [&](int d) {
+    if (h.call < S) return;
+    const int w[] = {d};
+    ctx_.wait_until(&m.rel[d], Cmp::ge, h.call - S + 1, {.writers = w, .what = "moe back-pressure (run-ahead)"});
+  };
+  bool gathered = false;
+  for (int d : m.schedule) {
+    if (map_.count(d) == 0 || packed(ctx_.route(d))) continue;
+    wait_released(d);
+    gathered = true;
+  }
+  if (gathered) {
+    std::vector<int> all(static_cast<std::size_t>(h.n));
+    std::iota(all.begin(), all.end(), 0);
+    pack(all, m.tbuf.data() + static_cast<std::size_t>(h.set) * config_.max_tokens_per_rank * token_bytes_, tokens,
+         scales);
+  }
   for (int d : m.schedule) {
     const int local_d = map_.count(d);
     if (local_d == 0) continue;  // d owns no expert: nothing to write, nothing to signal
-    // Back-pressure: d must have consumed call c - S from us before we overwrite that buffer set.
-    if (h.call >= S) {
-      const int w[] = {d};
-      ctx_.wait_until(&m.rel[d], Cmp::ge, h.call - S + 1, {.writers = w, .what = "moe back-pressure (run-ahead)"});
-    }
+    wait_released(d);
     std::size_t rows = 0;
     for (int le = 0; le < local_d; ++le) {
       const std::size_t b = static_cast<std::size_t>(d) * L + le;
@@ -222,14 +244,13 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
     const std::size_t header_bytes = 2 * static_cast<std::size_t>(local_d) * sizeof(std::uint64_t);
     if (std::byte* mapped = ctx_.ptr(region, m.region, d)) {
       // Load/store (d's region is mapped here, one range check for all of it): the header, then each
-      // expert's tokens packed straight into d's region, and each expert signalled as soon as its tokens
-      // are in (the release store of the signal publishes the copies).
+      // expert's token rows in our tbuf set, and each expert signalled as soon as its rows are in (the
+      // release store of the signal publishes them and the staged tokens). d gathers the batch itself.
       std::memcpy(mapped, header.data(), header_bytes);
-      std::byte* row = mapped + m.header;
+      auto* list = reinterpret_cast<std::uint32_t*>(mapped + m.header);
       for (int le = 0; le < local_d; ++le) {
         const std::vector<int>& toks = h.batch_tokens[static_cast<std::size_t>(d) * L + le];
-        pack(toks, row, tokens, scales);
-        row += toks.size() * token_bytes_;
+        list = std::copy(toks.begin(), toks.end(), list);
         signal(le, toks.size());
       }
     } else {
@@ -281,6 +302,10 @@ std::optional<int> Layer::next_expert(Handle& h) {
     }
   }
   const auto region = [&](std::size_t src) { return m.dbuf.data() + (s.set * P + src) * m.region; };
+  // A load/store source's batches are gathered from its staged tokens (tbuf), by the rows listed in its region.
+  const std::size_t M = static_cast<std::size_t>(config_.max_tokens_per_rank);
+  const auto gathered = [&](std::size_t src) { return !packed(ctx_.route(static_cast<int>(src))); };
+  const auto rows_of = [&](std::size_t src) { return reinterpret_cast<const std::uint32_t*>(region(src) + m.header); };
   const std::size_t capacity = (m.region - m.header) / token_bytes_;
   const std::size_t Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;  // rows per set
   for (;;) {
@@ -312,6 +337,14 @@ std::optional<int> Layer::next_expert(Handle& h) {
         for (int e = 0; e < le; ++e) first[src] += header[2 * e];
         s.recv_counts[le * P + src] = static_cast<int>(header[2 * le]);
         s.recv_meta[le * P + src] = header[2 * le + 1];
+        if (!gathered(src)) continue;
+        // Its rows are input too: each must lie in its staged tokens.
+        if (const std::string why = wire::check_gathered_rows(rows_of(src) + first[src], header[2 * le], M);
+            !why.empty()) {
+          throw Error(Errc::protocol, "ubep: rank " + std::to_string(rank_) + ": next_expert: the region of rank " +
+                                          std::to_string(src) + " in call " + std::to_string(s.call) +
+                                          " breaks the protocol: local expert " + std::to_string(le) + ": " + why);
+        }
       }
       if (s.num_ready == 0) {
         // Outputs to network-route sources are staged in combine_send: size it now, while every such
@@ -328,7 +361,20 @@ std::optional<int> Layer::next_expert(Handle& h) {
           s.out_bytes += s.out_total[src] * out_token_bytes_;
         }
       }
-      regroup(s, le, [&](int src) { return region(src) + m.header + first[src] * token_bytes_; });
+      const std::size_t stage = M * token_bytes_;
+      regroup(
+          s, le,
+          [&](int src) -> const std::byte* {
+            if (!gathered(src)) return region(src) + m.header + first[src] * token_bytes_;
+            const std::byte* staged = ctx_.ptr(m.tbuf.data() + s.set * stage, stage, src);
+            if (!staged) {
+              throw Error(Errc::internal, "ubep: rank " + std::to_string(rank_) +
+                                              ": next_expert: the staged tokens of rank " + std::to_string(src) +
+                                              " are not mapped on a load/store route");
+            }
+            return staged;
+          },
+          [&](int src) { return gathered(src) ? rows_of(src) + first[src] : nullptr; });
       regrouped = true;
       break;
     }

@@ -43,6 +43,19 @@ inline std::string check_region_header(const std::uint64_t* header, int upto, st
   return {};
 }
 
+/// The rows a load/store source lists for one expert (per_expert): the j-th token of the batch is row rows[j] of
+/// the source's staged tokens, which hold `staged` rows (max_tokens_per_rank). Each of the `count` rows must be one.
+inline std::string check_gathered_rows(const std::uint32_t* rows, std::uint64_t count, std::uint64_t staged) {
+  for (std::uint64_t j = 0; j < count; ++j) {
+    if (rows[j] >= staged) {
+      return detail::field("row", rows[j],
+                           "token " + std::to_string(j) + " of the batch is past the source's " +
+                               std::to_string(staged) + " staged tokens (max_tokens_per_rank)");
+    }
+  }
+  return {};
+}
+
 /// A per_rank/per_node chunk at its owner: {records, reply rank, reply byte offset in the reply rank's row buffer,
 /// reply signal index}. The records fit the chunk (`max_records`), the reply rank is a rank, the signal an index of
 /// the signal array, and the records' rows [offset, offset + records * row_bytes) fit the `rbuf_bytes`-byte row

@@ -376,8 +376,10 @@ class LayerBase {
   /// Throws Errc::invalid_argument unless `out` holds n x hidden floats.
   void check_out(const HandleState& h, std::span<float> out) const;
   /// Copies the batches of local expert `le` (batch from source s starts at block(s), token stride
-  /// token_bytes_) into one contiguous array; recv_counts must be filled.
-  void regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block);
+  /// token_bytes_) into one contiguous array; recv_counts must be filled. Where `rows` is given and rows(s)
+  /// is not null, the batch from s is gathered: its j-th token is row rows(s)[j] of block(s).
+  void regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block,
+               const std::function<const std::uint32_t*(int)>& rows = {});
   /// Checks a combine_send call (handle, expert index, not yet combined, output size); returns the count.
   int check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const;
   /// Marks a handle done and recycles its buffers.

@@ -1,11 +1,9 @@
 // Fuzz target: the MoE layer's checks of what a source writes ahead of its tokens (moe/wire.hpp): a per_expert
-// region header, a per_rank/per_node chunk header and its records, a relay's inbox header (issue 34, "The wire is
-// input").
-// Input: the buffer geometry (capacity, rows, ranks, signals, row bytes, local experts), then the header words and
-// record entries.
-// Property: a header that passes only names rows, offsets, ranks, signals and experts that exist: what the layer then
-// reads and writes is replayed on buffers of exactly that size (ASan sees any byte outside). A rejection names a
-// field.
+// region header and a load/store source's gathered rows, a per_rank/per_node chunk header and its records, a relay's
+// inbox header (issue 34, "The wire is input"). Input: the buffer geometry (capacity, rows, ranks, signals, row bytes,
+// local experts), then the header words and record entries. Property: a header that passes only names rows, offsets,
+// ranks, signals and experts that exist: what the layer then reads and writes is replayed on buffers of exactly that
+// size (ASan sees any byte outside). A rejection names a field.
 #include <cstring>
 #include <vector>
 
@@ -44,7 +42,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (n) std::memset(cbuf.data() + at, 2, n);       // combine writes [at, at + n) of the source's rows
       first += n;
     }
-  } else if (which == 1) {  // a chunk at its owner, and its records
+    // A load/store source lists, per expert, rows of its staged tokens (`rows` of them) the owner then gathers.
+    std::vector<std::uint32_t> listed(in.u8() % 32);
+    for (auto& r : listed) r = in.u8() % 4 == 0 ? in.u32() : in.u16() % 512;
+    const std::string rows_why = wire::check_gathered_rows(listed.data(), listed.size(), rows);
+    if (!rows_why.empty()) return expect_field(rows_why), 0;
+    std::vector<std::uint8_t> staged(rows);
+    for (const std::uint32_t r : listed) staged[r] = 3;  // the gather reads row r (ASan sees a row past the end)
+  } else if (which == 1) {                               // a chunk at its owner, and its records
     const std::uint64_t h[4] = {u64(), u64(), u64(), u64()};
     const std::uint64_t rbuf_bytes = rows * row_bytes;
     const std::string why = wire::check_chunk_header(h, max_records, ranks, signals, rbuf_bytes, row_bytes);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/kernels.hpp"
@@ -289,6 +290,43 @@ TEST(MoeKernels, ReductionsMatchPortable) {
     }
   }
   if (checked == 0) GTEST_SKIP() << "this CPU runs no vector path";
+}
+
+// regroup_tokens, the owner's copy into an expert's batch: a contiguous block (a network source's region) and
+// a gathered one (a load/store source's staged tokens, by the rows listed in its region) concatenated in
+// source order, each row's payload and the scale after it.
+TEST(MoeKernels, RegroupConcatenatesBlocksAndGathersListedRows) {
+  constexpr std::size_t kPayload = 6, kStride = 16;
+  const auto row = [](int block, int r) { return static_cast<std::byte>(16 * block + r); };
+  std::vector<std::byte> contiguous(3 * kStride), staged(5 * kStride);
+  for (int r = 0; r < 3; ++r) {
+    std::memset(&contiguous[r * kStride], static_cast<int>(row(1, r)), kPayload);
+    const float scale = 10.0f + static_cast<float>(r);
+    std::memcpy(&contiguous[r * kStride + kPayload], &scale, 4);
+  }
+  for (int r = 0; r < 5; ++r) {
+    std::memset(&staged[r * kStride], static_cast<int>(row(2, r)), kPayload);
+    const float scale = 20.0f + static_cast<float>(r);
+    std::memcpy(&staged[r * kStride + kPayload], &scale, 4);
+  }
+  const std::uint32_t listed[] = {4, 0, 4, 2};  // a token may go to an expert once, but any row order is legal
+  const int counts[] = {0, 3, 4};
+  const std::byte* blocks[] = {nullptr, contiguous.data(), staged.data()};
+  const std::uint32_t* rows[] = {nullptr, nullptr, listed};
+  std::vector<std::byte> data(7 * kPayload);
+  std::vector<float> scales(7);
+  regroup_tokens(counts, blocks, kStride, kPayload, data.data(), scales.data(), rows);
+  const std::pair<int, int> expect[] = {{1, 0}, {1, 1}, {1, 2}, {2, 4}, {2, 0}, {2, 4}, {2, 2}};
+  for (std::size_t j = 0; j < 7; ++j) {
+    const auto [block, r] = expect[j];
+    for (std::size_t b = 0; b < kPayload; ++b) EXPECT_EQ(data[j * kPayload + b], row(block, r)) << "row " << j;
+    EXPECT_EQ(scales[j], static_cast<float>(10 * block + r)) << "row " << j;
+  }
+  // Without row lists every block is contiguous: the first 4 rows of the staged block.
+  std::vector<std::byte> plain(4 * kPayload);
+  const int one[] = {0, 0, 4};
+  regroup_tokens(one, blocks, kStride, kPayload, plain.data(), nullptr);
+  for (std::size_t j = 0; j < 4; ++j) EXPECT_EQ(plain[j * kPayload], row(2, static_cast<int>(j)));
 }
 
 }  // namespace
