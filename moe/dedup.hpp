@@ -4,8 +4,13 @@
 // then the token's experts at that target (owner, local expert, weight) in k order. Buffers per rank (S =
 // UBEP_RUN_AHEAD sets, call c uses set c % S):
 //   dbuf [S][ranks]       owner chunks: chunk (set, s) holds source s's records for this owner, written by s
-//                         or by s's relay on this node; header: records, reply rank, reply offset, reply signal
-//   ibuf [S][Q]           relay inboxes: slot q is the q-th remote source this rank relays for; header:
+//                         or by s's relay on this node; header: records, reply rank, reply offset, reply signal.
+//                         A record from a source that writes it itself over load/store carries, in place of
+//                         the token, the token's row in that source's tbuf (uint32): the owner gathers it
+//                         straight into the expert's batch (a token moves once to the stage and once per
+//                         expert, not once per owner and again per expert). Relayed records carry the token.
+//   tbuf [S][M]           (rows of token_stride) this rank's tokens of the call, staged once for the owners that gather
+//   from it ibuf [S][Q]           relay inboxes: slot q is the q-th remote source this rank relays for; header:
 //                         records, the byte offset of the node rows in the source's row buffer
 //   rbuf [S][M x min(k,P)] rows at a source (partial rows of its direct owners, node rows of its relays),
 //        [S][Q][M x min(k,N)] partial rows at a relay, from the owners of its node, per slot
@@ -53,7 +58,8 @@ struct Shape {
   std::vector<std::vector<int>> nodes;    // ranks per node, ascending
   std::vector<std::vector<int>> slots;    // per rank: the remote sources it relays for, ascending
   std::vector<std::uint8_t> has_experts;  // per node
-  std::size_t tok = 0, rec_o = 0, rec_i = 0, region_o = 0, region_i = 0, rb = 0, src_rows = 0, cin_rows = 0;
+  std::size_t tok = 0, tstride = 0, rec_o = 0, rec_i = 0, region_o = 0, region_i = 0, rb = 0, src_rows = 0,
+              cin_rows = 0;
   std::size_t D = 0, I = 0, C = 0, Ps = 0, R = 0, signals = 0;  // section starts in the signal array
 
   Shape(const Config& c, const std::vector<int>& node_of, unsigned run_ahead) {
@@ -86,6 +92,7 @@ struct Shape {
       for (const auto& v : slots) Q = std::max(Q, v.size());
     }
     tok = static_cast<std::size_t>(c.hidden) * element_size(c.dtype) + (c.dtype == DType::e4m3 ? 4 : 0);
+    tstride = token_stride(c);
     rec_o = up16(entries_at(tok) + sizeof(DdEntry) * std::min(k, L));
     rec_i = up16(entries_at(tok) + sizeof(DdEntry) * std::min(k, L * N));
     region_o = kHeader + M * rec_o;
@@ -109,10 +116,12 @@ struct Shape {
     return static_cast<std::size_t>(std::find(v.begin(), v.end(), s) - v.begin());
   }
   std::size_t dbuf_bytes() const { return S * P * region_o; }
+  std::size_t tbuf_bytes() const { return S * M * tstride; }
   std::size_t ibuf_bytes() const { return S * Q * region_i; }
   std::size_t rbuf_rows() const { return S * (src_rows + Q * cin_rows); }
   std::size_t heap() const {
-    return up64(dbuf_bytes()) + up64(ibuf_bytes()) + up64(rbuf_rows() * rb) + up64(signals * 8) + 4096;
+    return up64(dbuf_bytes()) + up64(std::max<std::size_t>(tbuf_bytes(), 1)) + up64(ibuf_bytes()) +
+           up64(rbuf_rows() * rb) + up64(signals * 8) + 4096;
   }
 };
 
@@ -146,7 +155,7 @@ struct Layer::Dedup {
   Shape g;
   int me = 0;
   bool r_f32 = false;
-  Symmetric<std::byte> dbuf, ibuf, rbuf;
+  Symmetric<std::byte> dbuf, tbuf, ibuf, rbuf;
   Symmetric<std::uint64_t> sig;
   std::vector<std::uint64_t> want, have;  // per signal: value awaited (kSignalIgnored: none), value seen
   std::vector<int> writers;               // per signal: its writer, for timeout reports
@@ -182,6 +191,7 @@ struct Layer::Dedup {
     const std::size_t need = g.heap();
     ly.check_heap(need);
     dbuf = ctx.alloc<std::byte>(g.dbuf_bytes());
+    tbuf = ctx.alloc<std::byte>(std::max<std::size_t>(g.tbuf_bytes(), 1));
     ibuf = ctx.alloc<std::byte>(std::max<std::size_t>(g.ibuf_bytes(), 1));
     rbuf = ctx.alloc<std::byte>(g.rbuf_rows() * g.rb);
     sig = ctx.alloc_signals(g.signals);
@@ -226,6 +236,11 @@ struct Layer::Dedup {
 
   /// Whether source s writes straight to owner x (else through s's relay on x's node).
   bool direct(int s, int x) const { return !g.relays || g.node[s] == g.node[x]; }
+  /// Whether owner x gathers source s's tokens from s's tbuf (s writes x's chunk itself, over load/store;
+  /// routes are symmetric, so both sides agree).
+  bool gathers(int s, int x) const {
+    return direct(s, x) && ly.map_.count(x) > 0 && !dedup::packed(ctx.route(s == me ? x : s));
+  }
   std::size_t my_slots() const { return g.slots[me].size(); }
 
   /// True once signal i was seen at `value` or more; else arms it for the next wait.
@@ -549,6 +564,18 @@ struct Layer::Dedup {
     if (rows > g.src_rows) internal("call " + std::to_string(h.call) + " needs " + std::to_string(rows) + " rows");
     const std::uint64_t c = h.call;
     const std::string what = "moe back-pressure (run-ahead), call " + std::to_string(c);
+    // Owners that gather from our tbuf set: all of them must have released call c - S before it is restaged.
+    bool staged = false;
+    for (int r : schedule) {
+      if (!gathers(me, r)) continue;
+      if (c >= g.S) serve([&] { return ready(g.R + r, c - g.S + 1); }, what.c_str());
+      staged = true;
+    }
+    if (staged) {
+      std::vector<int> all(n);
+      std::iota(all.begin(), all.end(), 0);
+      ly.pack(all, tbuf.data() + z * g.M * g.tstride, tokens, scales);
+    }
     for (int r : schedule) {
       const bool relay = !direct(me, r);
       if (relay ? !(g.has_experts[g.node[r]] && g.relay(me, g.node[r]) == r) : ly.map_.count(r) == 0) continue;
@@ -576,14 +603,20 @@ struct Layer::Dedup {
       }
       Out out(*this, r, region, key(0, z, r), dedup::kHeader + toks.size() * rec);
       out.write(0, header, sizeof header);
+      const bool rows_only = gathers(me, r);  // r gathers the tokens from our tbuf: their rows suffice
       for (std::size_t j = 0; j < toks.size(); ++j) {
         const std::size_t t = static_cast<std::size_t>(toks[j]);
         const std::size_t at = dedup::kHeader + j * rec;
         const std::uint32_t e0 = h.dd_m[r][j];
         const std::uint32_t e1 = j + 1 < toks.size() ? h.dd_m[r][j + 1] : static_cast<std::uint32_t>(h.dd_e[r].size());
         const std::uint32_t m = e1 - e0;
-        out.write(at, tokens.data() + t * payload, payload);
-        if (!scales.empty()) out.write(at + payload, &scales[t], 4);
+        if (rows_only) {
+          const std::uint32_t row = static_cast<std::uint32_t>(t);
+          out.write(at, &row, 4);
+        } else {
+          out.write(at, tokens.data() + t * payload, payload);
+          if (!scales.empty()) out.write(at + payload, &scales[t], 4);
+        }
         out.write(at + g.tok, &m, 4);
         out.write(at + dedup::entries_at(g.tok), h.dd_e[r].data() + e0, m * sizeof(DdEntry));
       }
@@ -645,6 +678,13 @@ struct Layer::Dedup {
     for (std::size_t src = 0; src < P; ++src) {
       const std::byte* region = dbuf.data() + (z * P + src) * g.region_o;
       const auto* h = reinterpret_cast<const std::uint64_t*>(region);
+      // A source that gathers: its records carry rows of its staged tokens (mapped here, one range check).
+      const std::byte* staged = nullptr;
+      if (gathers(static_cast<int>(src), me)) {
+        staged = ctx.ptr(tbuf.data() + z * g.M * g.tstride, g.M * g.tstride, static_cast<int>(src));
+        if (!staged)
+          internal("the staged tokens of rank " + std::to_string(src) + " are not mapped on a load/store route");
+      }
       s.dd_n[src] = h[0];
       s.dd_reply[3 * src] = h[1];
       s.dd_reply[3 * src + 1] = h[2];
@@ -658,13 +698,20 @@ struct Layer::Dedup {
         const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok));
         protocol(wire::check_record_count(m, std::min(g.k, g.L)), "a record", static_cast<int>(src), s.call);
         protocol(wire::check_record_entries(e, m, me, local), "a record", static_cast<int>(src), s.call);
+        const std::byte* token = rec;
+        if (staged) {
+          std::uint32_t row;
+          std::memcpy(&row, rec, 4);
+          protocol(wire::check_gathered_rows(&row, 1, g.M), "a record", static_cast<int>(src), s.call);
+          token = staged + static_cast<std::size_t>(row) * g.tstride;
+        }
         for (std::uint32_t i = 0; i < m; ++i) {
           s.dd_by_le[e[i].le].push_back(static_cast<int>(s.dd_le.size()));
           s.dd_rec_of.push_back(static_cast<int>(s.dd_src_of.size()));
           s.dd_le.push_back(e[i].le);
           s.dd_w.push_back(e[i].w);
           s.dd_row.push_back(cursor[e[i].le]++);
-          s.dd_src[e[i].le].push_back(rec);
+          s.dd_src[e[i].le].push_back(token);
           ++s.recv_counts[static_cast<std::size_t>(e[i].le) * P + src];
         }
         s.dd_ent.push_back(s.dd_le.size());

@@ -29,7 +29,9 @@
 /// What per_rank and per_node change in the @notes below (written for per_expert where they differ):
 ///   - A source writes one chunk per owner (a header, then each token once with its experts) and one signal
 ///     after the chunk; an owner hands out its first expert once every source's chunk is in (per_expert over
-///     load/store: once every source has signalled that expert).
+///     load/store: once every source has signalled that expert). Over load/store (as in per_expert) the
+///     source stages its tokens once and a record names the token's row there; the owner gathers its
+///     batches from the stage.
 ///   - combine_send keeps a copy only of the output rows whose token still waits for another local expert;
 ///     a token's partial row is computed at the combine_send of its last local expert, and the rows go back
 ///     (one message or signal per source or relay) at the last local expert.
@@ -425,7 +427,8 @@ class Layer final : public LayerBase {
   /// per_rank/per_node one chunk per source of max_tokens_per_rank tokens with their expert lists, rows for
   /// max_tokens_per_rank x min(topk, ranks) partial or node rows, and per_node across nodes one inbox of
   /// max_tokens_per_rank tokens per source this rank relays for, with max_tokens_per_rank x min(topk, ranks
-  /// per node) partial rows each; per_expert under Config::zero_copy as many expert-output rows as token rows and
+  /// per node) partial rows each; every mode a stage of max_tokens_per_rank tokens (this rank's, gathered from
+  /// by the owners on load/store); per_expert under Config::zero_copy as many expert-output rows as token rows and
   /// a table of ranks x max_local words; and the signals (see heap_bytes()). Throws Errc::invalid_argument for a bad
   /// config (a dtype outside DType, a combine outside Combine, num_experts or hidden outside [1, 2^20], topk
   /// outside [1, num_experts], a negative max_tokens_per_rank, buffers beyond 2^52 bytes) on each rank before
