@@ -47,8 +47,9 @@ constexpr std::size_t up16(std::size_t b) { return (b + 15) / 16 * 16; }
 constexpr std::size_t kHeader = 64;  // bytes of a chunk or inbox header
 inline bool packed(Route r) { return r == Route::mpi || r == Route::ucx; }
 
-/// A record: the token (tok bytes), its entry count (4 bytes), then its entries from here.
-constexpr std::size_t entries_at(std::size_t tok) { return (tok + 4 + 3) / 4 * 4; }
+/// A record: the token (tok bytes) or its row in the source's tbuf, in `tok_slot` = max(tok, 4) bytes, its entry
+/// count (4 bytes), then its entries from here.
+constexpr std::size_t entries_at(std::size_t tok_slot) { return (tok_slot + 4 + 3) / 4 * 4; }
 
 /// Everything about the buffers that follows from the config and the node map (the same on every rank).
 struct Shape {
@@ -58,8 +59,8 @@ struct Shape {
   std::vector<std::vector<int>> nodes;    // ranks per node, ascending
   std::vector<std::vector<int>> slots;    // per rank: the remote sources it relays for, ascending
   std::vector<std::uint8_t> has_experts;  // per node
-  std::size_t tok = 0, tstride = 0, rec_o = 0, rec_i = 0, region_o = 0, region_i = 0, rb = 0, src_rows = 0,
-              cin_rows = 0;
+  std::size_t tok = 0, tok_slot = 0, tstride = 0, rec_o = 0, rec_i = 0, region_o = 0, region_i = 0, rb = 0,
+              src_rows = 0, cin_rows = 0;
   std::size_t D = 0, I = 0, C = 0, Ps = 0, R = 0, signals = 0;  // section starts in the signal array
 
   Shape(const Config& c, const std::vector<int>& node_of, unsigned run_ahead) {
@@ -92,9 +93,10 @@ struct Shape {
       for (const auto& v : slots) Q = std::max(Q, v.size());
     }
     tok = static_cast<std::size_t>(c.hidden) * element_size(c.dtype) + (c.dtype == DType::e4m3 ? 4 : 0);
+    tok_slot = std::max<std::size_t>(tok, 4);  // a record's token, or its row in the source's tbuf (uint32)
     tstride = token_stride(c);
-    rec_o = up16(entries_at(tok) + sizeof(DdEntry) * std::min(k, L));
-    rec_i = up16(entries_at(tok) + sizeof(DdEntry) * std::min(k, L * N));
+    rec_o = up16(entries_at(tok_slot) + sizeof(DdEntry) * std::min(k, L));
+    rec_i = up16(entries_at(tok_slot) + sizeof(DdEntry) * std::min(k, L * N));
     region_o = kHeader + M * rec_o;
     region_i = Q ? kHeader + M * rec_i : 0;
     const bool r_f32 = c.float_partials || output_dtype(c.dtype) == DType::f32;
@@ -454,11 +456,11 @@ struct Layer::Dedup {
   template <class F>
   void for_owners(const std::byte* rec, F&& f) const {
     std::uint32_t m;
-    std::memcpy(&m, rec + g.tok, 4);
+    std::memcpy(&m, rec + g.tok_slot, 4);
     if (m > std::min(g.k, g.L * g.N)) {
       protocol(wire::check_record_count(m, std::min(g.k, g.L * g.N)), "an inbox record", -1, 0);
     }
-    const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok));
+    const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok_slot));
     for (std::size_t u = 0; u < local_owners.size(); ++u) {
       for (std::uint32_t i = 0; i < m; ++i) {
         if (e[i].owner == local_owners[u]) {
@@ -485,8 +487,8 @@ struct Layer::Dedup {
     for (std::size_t j = 0; j < sl.n; ++j) {
       const std::byte* rec = inbox + dedup::kHeader + j * g.rec_i;
       std::uint32_t m;
-      std::memcpy(&m, rec + g.tok, 4);
-      const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok));
+      std::memcpy(&m, rec + g.tok_slot, 4);
+      const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok_slot));
       mine.clear();
       for (std::uint32_t i = 0; i < m; ++i) {
         if (e[i].owner == x) mine.push_back(e[i]);
@@ -495,8 +497,8 @@ struct Layer::Dedup {
       const std::size_t at = dedup::kHeader + j2 * g.rec_o;
       const std::uint32_t mm = static_cast<std::uint32_t>(mine.size());
       out.write(at, rec, g.tok);
-      out.write(at + g.tok, &mm, 4);
-      out.write(at + dedup::entries_at(g.tok), mine.data(), mine.size() * sizeof(DdEntry));
+      out.write(at + g.tok_slot, &mm, 4);
+      out.write(at + dedup::entries_at(g.tok_slot), mine.data(), mine.size() * sizeof(DdEntry));
       ly.count(true, x, g.tok);
       ++j2;
     }
@@ -617,8 +619,8 @@ struct Layer::Dedup {
           out.write(at, tokens.data() + t * payload, payload);
           if (!scales.empty()) out.write(at + payload, &scales[t], 4);
         }
-        out.write(at + g.tok, &m, 4);
-        out.write(at + dedup::entries_at(g.tok), h.dd_e[r].data() + e0, m * sizeof(DdEntry));
+        out.write(at + g.tok_slot, &m, 4);
+        out.write(at + dedup::entries_at(g.tok_slot), h.dd_e[r].data() + e0, m * sizeof(DdEntry));
       }
       ly.count(true, r, toks.size() * g.tok);
       out.finish(signal, dedup::tag(c) | toks.size());
@@ -694,8 +696,8 @@ struct Layer::Dedup {
       for (std::size_t j = 0; j < h[0]; ++j) {
         const std::byte* rec = region + dedup::kHeader + j * g.rec_o;
         std::uint32_t m;
-        std::memcpy(&m, rec + g.tok, 4);
-        const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok));
+        std::memcpy(&m, rec + g.tok_slot, 4);
+        const auto* e = reinterpret_cast<const DdEntry*>(rec + dedup::entries_at(g.tok_slot));
         protocol(wire::check_record_count(m, std::min(g.k, g.L)), "a record", static_cast<int>(src), s.call);
         protocol(wire::check_record_entries(e, m, me, local), "a record", static_cast<int>(src), s.call);
         const std::byte* token = rec;

@@ -293,7 +293,8 @@ void match_reference(const std::vector<Shape>& shapes) {
 // Experts not divisible by the ranks (7 = prime, 3 < ranks at 4 and 6 ranks: ranks without experts, relays
 // among them), top-1 (all tokens to one expert under Route::hot) and top-k = all experts.
 TEST(MoeModes, MatchReferenceTop1) { match_reference({{7, 1}, {3, 1}}); }
-TEST(MoeModes, MatchReferenceTopK) { match_reference({{7, 3}, {3, 2}, {5, 2, 3}}); }
+// {5, 2, 1}: one-element tokens (2 bytes of bf16, narrower than the row index a record carries in their place).
+TEST(MoeModes, MatchReferenceTopK) { match_reference({{7, 3}, {3, 2}, {5, 2, 3}, {5, 2, 1}}); }
 TEST(MoeModes, MatchReferenceTopAll) { match_reference({{7, 7}, {3, 3}}); }
 
 // ---- 1b. 1000 calls, run-ahead, split phases -----------------------------------------------------------
