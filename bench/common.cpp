@@ -125,7 +125,7 @@ Window::Window(Kind kind, std::size_t bytes, MPI_Comm comm) {
     UBEP_BENCH_MPI(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm, &base_, &win_));
 #if UBEP_SIMGRID
     // SMPI 3.32's MPI_Win_shared_query answers the segment's start for every rank (as the runtime's node
-    // heap works around it, README "Simulated scale"); all ranks share one address space, so the bases
+    // heap works around it, docs/SIMULATION.md "Simulated scale"); all ranks share one address space, so the bases
     // themselves are exchanged.
     int ranks = 0;
     UBEP_BENCH_MPI(MPI_Comm_size(comm, &ranks));

@@ -1,6 +1,6 @@
 // What a source writes into an owner's (or a relay's) buffers ahead of its tokens, and the checks the receiver runs
-// before it reads a byte behind it. A peer is untrusted input (README, "Trust"): every count, offset and expert id
-// is checked against what the receiver's buffers hold, with no arithmetic that can wrap, and a violation is
+// before it reads a byte behind it. A peer is untrusted input (docs/RELIABILITY.md, "Trust"): every count, offset and
+// expert id is checked against what the receiver's buffers hold, with no arithmetic that can wrap, and a violation is
 // Errc::protocol naming the source and the field (tests/fuzz/fuzz_moe_headers.cpp drives these checks with
 // arbitrary values). Each returns an empty string when the header passes, else what is wrong.
 #pragma once

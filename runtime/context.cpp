@@ -115,7 +115,7 @@ std::size_t State::prepare_atomic(const char* call, const void* addr, int pe, At
                "atomics on one word atomic with respect to each other only if they use one kind: " +
                "fetch_add/add, or swap/set, or compare_swap, each with fetch. Separate the kinds by synchronization: " +
                "quiet() or flush(pe) here, then whatever orders the other ranks' atomics (a barrier, a signal) " +
-               "(README, \"Atomics\")");
+               "(docs/ROUTES.md, \"Atomics\")");
     }
   }
   flush_pending_signals();  // atomics and deferred signals on one word stay in program order
@@ -492,7 +492,7 @@ void build(State& s, MPI_Comm user_comm) {
   // CPU atomics and MPI accumulates are not atomic with respect to each other, so with MPI atomics and
   // signals take one path for every peer. UCX's am mode applies them with CPU atomics at the target, so
   // with UCX the peers this rank maps (self, shm) keep load/store atomics and only the ucx-route peers
-  // go through UCX (in rdma mode on a hardware lane that is the NIC: README says what then holds).
+  // go through UCX (in rdma mode on a hardware lane that is the NIC: docs/ROUTES.md says what then holds).
   s.atomics = need_ucx ? s.ucx.get() : need_mpi ? static_cast<detail::Transport*>(s.mpi.get()) : s.load_store.get();
   s.atomics_to.assign(s.size, s.atomics);
   if (need_ucx) {

@@ -1,4 +1,4 @@
-// The symmetric GPU heap (Context::alloc_device; README "GPUs"): created collectively by the first call on the
+// The symmetric GPU heap (Context::alloc_device; docs/GPU.md "GPUs"): created collectively by the first call on the
 // CUDA device current on each rank (or in host memory under UBEP_GPU_EMULATE=1), mapped by the node peers
 // (transports/device_heap.hpp), and reached by put/get/put_signal as copies on one internal stream. Every rank
 // fails together when one cannot take part: each step ends with an agreement on whether every rank succeeded,

@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libopenmpi-dev openmpi-bin libhwloc-dev hwloc libucx-dev ucx-utils
           libnuma-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev clang-format clang iproute2
-          gnuplot-nox python3 python3-matplotlib)
+          gnuplot-nox python3 python3-matplotlib doxygen)
 if [[ "${UBEP_WITH_MPICH:-0}" == 1 ]]; then packages+=(libmpich-dev mpich); fi
 if [[ "${UBEP_WITH_SIMGRID:-0}" == 1 ]]; then packages+=(libsimgrid-dev simgrid); fi  # SMPI: smpicxx, smpirun
 missing=()

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
-# clang-format over the project's C++ sources, and the README's "Running across nodes" section from
-# docs/MULTINODE.md (scripts/readme_sync.py). --check fails (and lists files) when one is not up to date.
+# clang-format over the project's C++ sources. --check fails (and lists files) when one is not formatted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ "${1:-}" == --check ]]; then python3 scripts/readme_sync.py --check; else python3 scripts/readme_sync.py; fi
 mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.cu' '*.h' '*.c' 2>/dev/null || true)
 ((${#files[@]})) || exit 0
 if [[ "${1:-}" == --check ]]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs the whole test suite:
 #   1. format check (clang-format, the project's .clang-format)
-#   2. the default build (Open MPI): unit, mpi (2/3/4 ranks, default and forced-mpi routes),
+#   2. the default build (Open MPI, with the docs target): docs (README's and docs/'s relative links, the
+#      Doxygen API reference without a warning), unit, mpi (2/3/4 ranks, default and forced-mpi routes),
 #      install/consumer, bench-smoke, multinode (emulated nodes; needs root and ip netns), the resource
 #      limits (limits_test, the 4 GiB transfer), the fault jobs (label faults) and a 60 s soak (label soak)
 #   3. an MPICH build in its own tree (build-mpich): unit, install.consumer, and the mpi tests at 2 ranks
@@ -30,7 +31,7 @@ bash scripts/format.sh --check
 
 build=${UBEP_BUILD_DIR:-build}
 echo "== build ($build)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=ON >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=ON -DUBEP_BUILD_DOCS=ON >/dev/null
 cmake --build "$build" -j "$JOBS"
 echo "== tests ($build)"
 ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 600

@@ -3,7 +3,7 @@
 # (4 nodes x 1 rank under 2 switches with shaped links, 2 nodes x 2 ranks unshaped) run twice: on nodes
 # emulated by tests/multinode/emulate.sh (measured) and under SimGrid's SMPI on a crossbar platform whose links
 # carry the latency and bandwidth measured here a minute before (predicted); the table is predicted / measured
-# per case (README "Simulated scale", calibration).
+# per case (docs/SIMULATION.md "Simulated scale", calibration).
 #
 # usage: bench/sim/calibrate.sh [--build DIR] [--build-sim DIR] [--out DIR] [--rate R] [--tokens LIST]
 #                               [--hidden H] [--iterations N] [--quick] [--check]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One description of a simulated cluster, three files from it: a SimGrid platform, an SMPI hostfile and a
-Slurm topology.conf (README "Simulated scale").
+Slurm topology.conf (docs/SIMULATION.md "Simulated scale").
 
     bench/sim/make_platform.py --topology fat-tree --ranks 256 --ranks-per-node 8 --nodes-per-switch 8 --out DIR
 

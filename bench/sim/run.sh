@@ -2,7 +2,7 @@
 # bench/sim/run.sh: ubep_moe_bench (the BSP baseline, ubep per schedule and per combine mode, per_node being
 # the hierarchical path) on simulated clusters under SimGrid's SMPI, at 64..1024 ranks, decode and prefill
 # shapes; a table and a plot of simulated layer time per implementation vs ranks, and the wall time of every
-# simulation (README "Simulated scale").
+# simulation (docs/SIMULATION.md "Simulated scale").
 #
 # usage: bench/sim/run.sh [--build DIR] [--out DIR] [--ranks LIST] [--shapes decode,prefill]
 #                         [--topology fat-tree|dragonfly|crossbar] [--ranks-per-node R] [--nodes-per-switch S]
@@ -58,7 +58,7 @@ for prog in ubep_sim_rma_cost ubep_sim_bsp_alone; do
   if [[ ! -x $BUILD/bench/$prog ]]; then cmake --build "$BUILD" -j "$JOBS" --target "$prog"; fi
 done
 BENCH=$BUILD/bench/ubep_moe_bench
-# SMPI settings (README "Scale runs" says why): eager messages up to 64 KiB (SMPI's default waits for the
+# SMPI settings (docs/SIMULATION.md "Scale runs" says why): eager messages up to 64 KiB (SMPI's default waits for the
 # posted receive, which serialises ubep's one-receive signal inbox); Open MPI's collective algorithms, with
 # MPI_Alltoallv its basic linear one (every Isend/Irecv at once); 10 ns per MPI_Test/MPI_Iprobe (default
 # 100 us, for busy-polling programs: ubep's simulated waits block); no reverse (ACK) flow per message and no

@@ -6,7 +6,7 @@
 /// the same object on every rank: `put(obj.data() + i, src, n, pe)` writes element i of obj on rank pe.
 ///
 /// What completes when. The `@note` on each communication declaration (here, in symmetric.hpp and in
-/// moe.hpp) is THE statement of its contract; README and the internal headers point here. Every note
+/// moe.hpp) is THE statement of its contract; docs/ and the internal headers point here. Every note
 /// says, in this order:
 ///  - Local completion: when the call is done with the caller's memory: a source may be reused, the
 ///    destination of a get or the result of an atomic holds the data.
@@ -21,7 +21,7 @@
 ///  - self/shm vs mpi: the route of pe (route(pe)). On self/shm a put or get is a memcpy into the mapped
 ///    heap, on mpi it is MPI RMA on the world window. Atomics and signals take one path for every peer:
 ///    "load/store atomics" (CPU atomics) when atomics_through_mpi() is false, "through MPI" otherwise,
-///    for self and shm peers too. The ucx route (the default off the node in builds with UCX; README
+///    for self and shm peers too. The ucx route (the default off the node in builds with UCX; docs/ROUTES.md
 ///    "The ucx route") behaves as the notes say for mpi, except:
 ///     - atomics and signals take the ucx path for every peer when some peer is on ucx: in am mode CPU
 ///       atomics applied by the target (atomic with load/store atomics, every kind with every other;
@@ -35,7 +35,7 @@
 ///       wherever UCX is in use (UBEP_PROGRESS_THREAD=auto): a target that computes, or sits in a plain MPI call,
 ///       still answers; with UBEP_PROGRESS_THREAD=0 only its own ubep calls do (rdma mode on a hardware lane needs
 ///       no target CPU). While the application progresses UCX itself the thread stays away; it serves the worker
-///       within about 10 ms of the application's last ubep call (README, "The ucx route").
+///       within about 10 ms of the application's last ubep call (docs/ROUTES.md, "The ucx route").
 ///  - Deferred signals: through MPI, put_signal_nbi and signal_op only record their signal. This rank's
 ///    next quiet(), flush(), fence(), wait, test*, progress(), put_signal or atomic "delivers" them: one
 ///    MPI_Win_flush per peer with data in flight, then every recorded signal (alloc, free, barrier and
@@ -104,10 +104,10 @@
 /// Failed and untrusted peers. A peer whose endpoint fails (it died, or the network did) is unreachable: every
 /// later operation to it throws Errc::unreachable at once, and this rank's other peers are served as before (the
 /// answers owed to it are dropped, said once by Errc::unreachable from this rank's next call). Everything a peer
-/// sends is checked before it is acted on (README, "Trust"): a message that breaks the protocol (a corrupt or forged
-/// one, a peer built from another version) is dropped, its sender isolated (its later messages dropped, operations
-/// to it refused with Errc::protocol), and this rank's next call throws Errc::protocol naming the peer and the field.
-/// Errors met by the progress thread are thrown by the application's next call, never in the thread.
+/// sends is checked before it is acted on (docs/RELIABILITY.md, "Trust"): a message that breaks the protocol (a corrupt
+/// or forged one, a peer built from another version) is dropped, its sender isolated (its later messages dropped,
+/// operations to it refused with Errc::protocol), and this rank's next call throws Errc::protocol naming the peer and
+/// the field. Errors met by the progress thread are thrown by the application's next call, never in the thread.
 ///
 /// Thread safety: a Context is used by one thread at a time (the optional progress thread is internal).
 #pragma once
@@ -241,7 +241,7 @@ class Context {
     static_assert(std::is_trivially_copyable_v<T>);
     return Symmetric<T>(state_ptr(), static_cast<T*>(alloc_bytes(count, sizeof(T), alignof(T))), count);
   }
-  /// Collective: `count` elements of T in the symmetric GPU heap (README "GPUs"): device memory, aligned to
+  /// Collective: `count` elements of T in the symmetric GPU heap (docs/GPU.md "GPUs"): device memory, aligned to
   /// max(256, alignof(T)), same offset on every rank, uninitialized; data() is a device pointer (never
   /// dereference it on the host: operator[] and local() do). The first call creates the heap of
   /// UBEP_GPU_HEAP_SIZE bytes on the CUDA device current on the calling thread (cudaSetDevice before it) and
@@ -399,7 +399,7 @@ class Context {
   void flush_local(int pe);
 
   // ---- atomics on 64-bit words (8-byte aligned symmetric addresses) -----------------------------------
-  // Atomicity (README "Atomics"): with load/store atomics (atomics_through_mpi() false) all kinds are
+  // Atomicity (docs/ROUTES.md "Atomics"): with load/store atomics (atomics_through_mpi() false) all kinds are
   // atomic with respect to each other; through MPI only one kind per word is (fetch_add/add, swap/set, or
   // compare_swap, each with fetch) among atomics that may overlap. This rank's own calls are checked: an atomic of
   // another kind while this rank's non-fetching atomic (add, set) on the word is still in flight throws

@@ -27,7 +27,7 @@ enum class Errc : int {
   cuda,                  ///< a CUDA call failed; native() is its cudaError_t
   protocol,              ///< a peer sent a message that breaks ubep's wire protocol (a corrupt or forged
                          ///< message, or a peer built from another version); the message names the peer and
-                         ///< the field, and the context isolates that peer (README, "Trust")
+                         ///< the field, and the context isolates that peer (docs/RELIABILITY.md, "Trust")
   unreachable,           ///< a peer cannot be reached any more: its endpoint failed (it died, or the network
                          ///< between us did); operations to it fail at once, the other peers stay usable
 };

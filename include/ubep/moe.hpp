@@ -26,7 +26,7 @@
 ///   out[t] = sum over the nodes n of t's owners, n ascending, of N_n[t]               (float from 0)
 /// Nodes are Topology::node_of (real hosts, or UBEP_VIRTUAL_NODES). Outputs are bit-identical across runs,
 /// schedules, routes and per_rank/per_node for one config, rank count and node map.
-/// What per_rank and per_node change in the @notes below (written for per_expert where they differ):
+/// What per_rank and per_node change in the notes (@note) below (written for per_expert where they differ):
 ///   - A source writes one chunk per owner (a header, then each token once with its experts) and one signal
 ///     after the chunk; an owner hands out its first expert once every source's chunk is in (per_expert over
 ///     load/store: once every source has signalled that expert). Over load/store (as in per_expert) the
@@ -63,7 +63,7 @@
 /// Device memory (Config::memory = Memory::device; every rank alike). The same calls take and give GPU
 /// memory: tokens, topk_idx, topk_weights and scales (dispatch_send), the outputs (combine_send, combine) and
 /// `out` (combine_recv) may each be device memory (cudaMalloc, the GPU heap of Context::alloc_device) or host
-/// memory; ExpertTokens::data and ::scales are device memory, in the GPU heap. The constructor (collective)
+/// memory; ExpertTokens::data and ExpertTokens::scales are device memory, in the GPU heap. The constructor (collective)
 /// takes UBEP_RUN_AHEAD x ranks x max_tokens_per_rank x min(topk, local experts) token rows and scales from
 /// the GPU heap (device_heap_bytes(); creating the heap if it is the first alloc_device, with its errors:
 /// Errc::unsupported on every rank when some rank has no GPU, OutOfHeap naming UBEP_GPU_HEAP_SIZE). The layer moves
@@ -479,7 +479,7 @@ class Layer final : public LayerBase {
   void check_heap(std::size_t need) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  struct Dedup;  // per_rank and per_node (moe/dedup.cpp)
+  struct Dedup;  // per_rank and per_node (moe/dedup.hpp)
   std::unique_ptr<Dedup> dedup_;
 };
 

@@ -46,7 +46,7 @@ struct Options {
   /// the endpoint has one lane with hardware RMA and atomics (InfiniBand/RoCE rc, dc), am elsewhere
   /// (TCP, shared memory); "am": active messages to every peer; "rdma": put, fence and atomics to every
   /// peer (where UCX has no hardware lane for them it emulates them in software, which needs the
-  /// target's progress and is slower than am: for testing). See README, "The ucx route".
+  /// target's progress and is slower than am: for testing). See docs/ROUTES.md, "The ucx route".
   std::string ucx_mode = "auto";
   /// UBEP_PROGRESS_THREAD (collective): "auto" (default), "1" or "0".
   /// 1 sets this: a thread that calls into MPI every UBEP_PROGRESS_INTERVAL_US while the application computes,
@@ -58,7 +58,7 @@ struct Options {
   /// (ucp_worker_arm) and wakes only when a message arrives for this rank: it runs the handlers (data, signals,
   /// atomics), answers gets, fetching atomics and flushes, and drives the staged GPU route, so a peer's quiet(),
   /// get or atomic completes while this rank computes or sits in a plain MPI call. It calls no MPI (any thread
-  /// level); an idle job wakes it about once a second. README, "The ucx route".
+  /// level); an idle job wakes it about once a second. docs/ROUTES.md, "The ucx route".
   bool ucx_progress_thread = true;
   /// UBEP_GPU: 1 initializes CUDA when a Context is created (ubep::gpu_status()), and every rank's
   /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.
@@ -102,7 +102,7 @@ struct Options {
   /// UBEP_MPI_SIGNAL: how a SignalOp::set signal travels on the mpi route. "put" (default): an 8-byte
   /// MPI_Put issued after the flush that completes the data; "accumulate": MPI_Accumulate(MPI_REPLACE).
   /// SignalOp::add is always MPI_Accumulate(MPI_SUM). Open MPI 4.1's osc ucx runs every accumulate under
-  /// a remote lock (two to three round trips); see README "Signals on the mpi route". "message": every
+  /// a remote lock (two to three round trips); see docs/ROUTES.md, "Signals as messages". "message": every
   /// signal (set and add) is an MPI_Send of {offset, op, value} on a communicator of its own after the
   /// flush that completes the data, applied by the target when it next calls into ubep (a wait, test*,
   /// progress(), barrier()); a waiting rank receives instead of polling memory. The default in SimGrid

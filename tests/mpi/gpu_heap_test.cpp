@@ -1,4 +1,4 @@
-// The symmetric GPU heap (Context::alloc_device, README "GPUs") from the outside, on every route and rank count:
+// The symmetric GPU heap (Context::alloc_device, docs/GPU.md "GPUs") from the outside, on every route and rank count:
 //  - everywhere: the argument errors of alloc come first; without a GPU (or without CUDA in the build) every rank
 //    throws Errc::unsupported together, naming itself and CUDA's answer or the first rank without one, and the
 //    context stays usable for host memory (a second alloc_device fails the same way, nothing hangs);

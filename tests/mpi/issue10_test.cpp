@@ -23,7 +23,7 @@ Options opts(std::size_t mib = 8) {
 }
 
 // Contexts left unfinalized keep their windows until MPI_Finalize; MPICH 4.0.2's UCX then asserts in
-// MPI_Finalize (rcache refcount), after the tests passed. README "Teardown" says so.
+// MPI_Finalize (rcache refcount), after the tests passed. docs/SEMANTICS.md "Teardown" says so.
 bool mpi_finalize_survives_unfreed_windows() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
@@ -135,7 +135,7 @@ TEST(Issue10, WaitWritersOutOfRangeAreRejected) {
 
 // Polls a local word without calling ubep (which would deliver deferred signals), keeping only MPI
 // progressing (osc ucx applies puts aimed at us while we call MPI). True once *word >= value.
-// On the ucx route messages aimed at this rank land only while it progresses its worker (README,
+// On the ucx route messages aimed at this rank land only while it progresses its worker (docs/ROUTES.md,
 // "The ucx route"): there, without a progress thread, it calls progress(), which defers nothing there.
 bool observe_without_ubep(Context& ctx, const std::uint64_t* word, std::uint64_t value, double seconds) {
   const auto& used = ctx.info().transports;
@@ -320,7 +320,7 @@ TEST(Issue10, AtomicsOneKindPerWordOnMpi) {
 // route the lock's owner (rank 0) only serves: with Open MPI 4.1's osc ucx on one node, UCX cannot
 // reach memory it did not allocate with shared-memory atomics, so the peers' atomics are emulated at
 // the target and are not atomic with the owner's own atomics on its word (the lock then stays taken:
-// 3 runs in 6 at 3 ranks here when rank 0 competed). README "Atomics" states this restriction.
+// 3 runs in 6 at 3 ranks here when rank 0 competed). docs/ROUTES.md "Atomics" states this restriction.
 TEST(Issue10, CompareSwapLockIsExclusive) {
   Context ctx(MPI_COMM_WORLD, opts());
   auto lock = ctx.alloc<std::uint64_t>(1);

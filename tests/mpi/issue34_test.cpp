@@ -603,7 +603,7 @@ TEST(Issue34, DestructorWritesIntoNoFreedBuffer) {
   int len = 0;
   MPI_Get_library_version(lib, &len);
   if (std::string(lib, len).find("MPICH") != std::string::npos) {
-    GTEST_SKIP() << "MPICH asserts in MPI_Finalize on windows left unfreed (README, \"Teardown\")";
+    GTEST_SKIP() << "MPICH asserts in MPI_Finalize on windows left unfreed (docs/SEMANTICS.md, \"Teardown\")";
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -1,4 +1,4 @@
-// moe::Layer and moe::BspLayer on GPU memory (moe.hpp, "Device memory"; README "GPUs"), public headers only:
+// moe::Layer and moe::BspLayer on GPU memory (moe.hpp, "Device memory"; docs/GPU.md "GPUs"), public headers only:
 //   MoeDevice.Parse*, UnknownMemoryIsRejected, MemoryMustAgree   the Config::memory field and its checks;
 //   MoeDevice.WithoutAGpuEveryRankFailsTogether   without a GPU every rank's constructor throws
 //                              Errc::unsupported, the context stays usable, a host-memory layer still works;

@@ -227,7 +227,7 @@ TEST(Rma, FetchAddContentionIsExact) {
   ctx.barrier();
   const std::uint64_t total = ctx.atomic_fetch(counter.data(), 0);
   // Every rank's fetch answered before any rank blocks in a plain MPI call: on the ucx route rank 0
-  // answers only while it calls into ubep (README, "The ucx route").
+  // answers only while it calls into ubep (docs/ROUTES.md, "The ucx route").
   ctx.barrier();
   EXPECT_EQ(total, static_cast<std::uint64_t>(ctx.size()) * kIters * 3);
   EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end())) << "fetch_add results from one rank must increase";
@@ -247,7 +247,7 @@ TEST(Rma, CompareSwapLock) {
   if (ctx.atomics_through_mpi() && std::string(lib, len).find("Open MPI v4.1") != std::string::npos) {
     // Known upstream problem, not ubep's: with Open MPI 4.1 (osc ucx) a lock built on MPI_Compare_and_swap
     // sometimes stays taken although its holder's releasing CAS returned success (about 1 run in 3 at
-    // 3 ranks); osc rdma segfaults in MPI_Compare_and_swap instead (ompi issues 11349, 9146). See README.
+    // 3 ranks); osc rdma segfaults in MPI_Compare_and_swap instead (ompi issues 11349, 9146). See docs/ROUTES.md.
     GTEST_SKIP() << "MPI_Compare_and_swap is unreliable in " << std::string(lib, std::min(len, 20));
   }
   auto lock = ctx.alloc<std::uint64_t>(1);
@@ -268,7 +268,7 @@ TEST(Rma, CompareSwapLock) {
     ctx.put(shared.data(), &(++v), 8, 0);
     ctx.quiet();
     // Release with compare_swap too: on the mpi route Open MPI's osc ucx does not make MPI_REPLACE
-    // accumulates atomic with MPI_Compare_and_swap on the same word (README, "Atomics").
+    // accumulates atomic with MPI_Compare_and_swap on the same word (docs/ROUTES.md, "Atomics").
     EXPECT_EQ(ctx.atomic_compare_swap(lock.data(), me, 0, 0), me) << "the lock was held by someone else";
   }
   ctx.barrier();

@@ -2,7 +2,7 @@
 // hidden, tokens) from the seed and the round, and for each rank a routing (random distinct experts, random
 // weights, a random token count that is 0 on some ranks and calls), runs 1 to 3 calls through moe::Layer
 // (overlapped up to UBEP_RUN_AHEAD, experts in completion or reverse order, or combine()), then the same
-// inputs through moe::BspLayer, and compares the outputs bit for bit (README: every mode of Layer equals
+// inputs through moe::BspLayer, and compares the outputs bit for bit (docs/MOE.md: every mode of Layer equals
 // BspLayer of the same mode).
 #include "stress_moe.hpp"
 

@@ -1015,7 +1015,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--heap-size", s.heap, "symmetric heap per rank unless UBEP_HEAP_SIZE is set");
   app.add_option("--self-atomics", s.self_atomics,
                  "auto|on|off: may a rank update its own counters while the others do (auto: not when the atomics "
-                 "go through MPI, README \"Known limit\")");
+                 "go through MPI, docs/ROUTES.md \"Known limit\")");
   app.add_option("--report-every", s.report_every_s, "seconds between progress lines (0 = none)");
   app.add_option("--print-limit", s.print_limit, "mismatches printed per rank (all are counted)");
   app.add_option("--inject", s.inject,

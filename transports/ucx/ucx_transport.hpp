@@ -1,5 +1,5 @@
 // ucx: UCP to every peer, in one of two modes per peer (chosen at setup, UBEP_UCX_MODE).
-// What users get from it: README, "The ucx route".
+// What users get from it: docs/ROUTES.md, "The ucx route".
 //
 // am (TCP, shared memory, any endpoint without one lane for hardware RMA and atomics). Every operation
 // is one active message {kind, offsets, value} + payload on the endpoint to the peer (transports/ucx/wire.hpp);
@@ -19,7 +19,7 @@
 // put/get are ucp_put_nbx/ucp_get_nbx, atomics ucp_atomic_op_nbx, and every signal or non-fetching
 // atomic is preceded by ucp_worker_fence, so it lands after the data. flush(pe) is ucp_ep_flush_nbx.
 // The atomics are UCX's (the NIC's on hardware lanes): atomic with respect to each other, not with
-// respect to CPU atomics on the same word (hence rdma is chosen only per peer, and README says what
+// respect to CPU atomics on the same word (hence rdma is chosen only per peer, and docs/ROUTES.md says what
 // holds where).
 //
 // Progress. In am mode (and in rdma mode emulated in software) the target must progress its worker for

@@ -2,7 +2,7 @@
 // check_message with arbitrary bytes).
 //
 // Every message is one UCP active message: a Msg header, then a payload (the data of a put, a get's reply). A
-// peer is untrusted input (README, "Trust"): the target checks every header before it acts on it, and a
+// peer is untrusted input (docs/RELIABILITY.md, "Trust"): the target checks every header before it acts on it, and a
 // message that fails a check is dropped, its source isolated (its later messages dropped, operations to it
 // refused with Errc::protocol) and the application told by its next call.
 #pragma once
