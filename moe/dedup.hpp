@@ -9,8 +9,9 @@
 //                         the token, the token's row in that source's tbuf (uint32): the owner gathers it
 //                         straight into the expert's batch (a token moves once to the stage and once per
 //                         expert, not once per owner and again per expert). Relayed records carry the token.
-//   tbuf [S][M]           (rows of token_stride) this rank's tokens of the call, staged once for the owners that gather
-//   from it ibuf [S][Q]           relay inboxes: slot q is the q-th remote source this rank relays for; header:
+//   tbuf [S][M]           this rank's tokens of the call (rows of token_stride), staged once for the owners
+//                         that gather from it
+//   ibuf [S][Q]           relay inboxes: slot q is the q-th remote source this rank relays for; header:
 //                         records, the byte offset of the node rows in the source's row buffer
 //   rbuf [S][M x min(k,P)] rows at a source (partial rows of its direct owners, node rows of its relays),
 //        [S][Q][M x min(k,N)] partial rows at a relay, from the owners of its node, per slot
