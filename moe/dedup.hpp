@@ -8,7 +8,9 @@
 //                         A record from a source that writes it itself over load/store carries, in place of
 //                         the token, the token's row in that source's tbuf (uint32): the owner gathers it
 //                         straight into the expert's batch (a token moves once to the stage and once per
-//                         expert, not once per owner and again per expert). Relayed records carry the token.
+//                         expert, not once per owner and again per expert). A relay forwards records over
+//                         load/store the same way, with the record's index in its inbox: the owner gathers from
+//                         the inbox. Relayed records over the network carry the token.
 //   tbuf [S][M]           this rank's tokens of the call (rows of token_stride), staged once for the owners
 //                         that gather from it
 //   ibuf [S][Q]           relay inboxes: slot q is the q-th remote source this rank relays for; header:
@@ -19,7 +21,8 @@
 //        signals Ps (at a relay, per slot and owner), releases R (at a writer, per receiver)
 // An owner replies where its chunk's header says (the source, or the relay), so it needs no topology. A relay
 // forwards an inbox to every owner of its node (also with no records: the owner counts one chunk per source),
-// then sums the owners' partial rows per record in owner rank order and sends one node row back.
+// then sums the owners' partial rows per record in owner rank order and sends one node row back. It releases
+// the inbox to its source once every owner that got records has sent its partial rows (they may gather from it).
 // Every wait of the layer goes through serve(), which runs the relay's work, so a relay forwards in whatever
 // call its caller is in; a rank's combine_recv(c) also finishes its relay work of call c.
 // Back-pressure as in per_expert: a writer writes call c into a receiver's set only after the receiver
@@ -184,7 +187,7 @@ struct Layer::Dedup {
   };
   std::vector<Slot> slots;                                 // [S x Q]
   std::vector<std::uint64_t> slot_released;                // [Q] calls released to the slot's source
-  std::vector<std::uint8_t> slot_fwd;                      // [S x Q] forwarded, release not yet sent (in call order)
+  std::vector<std::uint8_t> slot_fwd;                      // [S x Q] done, release not yet sent (in call order)
   std::map<std::uint64_t, std::vector<std::byte>> stages;  // staging copies for the network routes
   std::size_t hidden = 0;
 
@@ -429,13 +432,6 @@ struct Layer::Dedup {
         ++done;
       }
       if (done < U) return moved;
-      // Everything forwarded: release the inbox to its source, in call order (a call forwarded before an
-      // older one waits for it; the flag of set released % S is that call's: its inbox came after the
-      // release of the call S before it).
-      slot_fwd[z * g.Q + q] = 1;
-      const std::uint64_t was = slot_released[q];
-      while (slot_fwd[(slot_released[q] % g.S) * g.Q + q]) slot_fwd[(slot_released[q]++ % g.S) * g.Q + q] = 0;
-      if (slot_released[q] != was) dedup::notify(ctx, &sig[g.R + me], slot_released[q], src);
       sl.phase = 2;
       moved = true;
     }
@@ -445,6 +441,15 @@ struct Layer::Dedup {
         if (sl.count[u] && !ready(g.Ps + (z * g.Q + q) * g.N + g.index[local_owners[u]], dedup::tag(c))) all = false;
       }
       if (!all) return moved;
+      // Every owner that got records has sent its partial rows, so it is done with the inbox (owners on
+      // load/store gather from it): release the inbox to its source, in call order (a call done before an
+      // older one waits for it; the flag of set released % S is that call's: its inbox came after the
+      // release of the call S before it). By moe.hpp's run-ahead the source waits for this release only
+      // after its combine_recv of this call, which needs the node rows below anyway.
+      slot_fwd[z * g.Q + q] = 1;
+      const std::uint64_t was = slot_released[q];
+      while (slot_fwd[(slot_released[q] % g.S) * g.Q + q]) slot_fwd[(slot_released[q]++ % g.S) * g.Q + q] = 0;
+      if (slot_released[q] != was) dedup::notify(ctx, &sig[g.R + me], slot_released[q], src);
       if (sl.n) send_node_rows(z, q, src, sl);
       sl.call += g.S;
       sl.phase = 0;
@@ -483,6 +488,7 @@ struct Layer::Dedup {
         (z * (g.src_rows + g.Q * g.cin_rows) + g.src_rows + q * g.cin_rows + sl.base[u]) * g.rb,
         g.Ps + (z * g.Q + q) * g.N + g.index[x]};
     out.write(0, header, sizeof header);
+    const bool rows_only = !dedup::packed(ctx.route(x));
     std::size_t j2 = 0;
     std::vector<DdEntry> mine;
     for (std::size_t j = 0; j < sl.n; ++j) {
@@ -497,7 +503,12 @@ struct Layer::Dedup {
       if (mine.empty()) continue;
       const std::size_t at = dedup::kHeader + j2 * g.rec_o;
       const std::uint32_t mm = static_cast<std::uint32_t>(mine.size());
-      out.write(at, rec, g.tok);
+      if (rows_only) {  // x gathers the token from our inbox: its record's index there suffices
+        const std::uint32_t row = static_cast<std::uint32_t>(j);
+        out.write(at, &row, 4);
+      } else {
+        out.write(at, rec, g.tok);
+      }
       out.write(at + g.tok_slot, &mm, 4);
       out.write(at + dedup::entries_at(g.tok_slot), mine.data(), mine.size() * sizeof(DdEntry));
       ly.count(true, x, g.tok);
@@ -681,12 +692,23 @@ struct Layer::Dedup {
     for (std::size_t src = 0; src < P; ++src) {
       const std::byte* region = dbuf.data() + (z * P + src) * g.region_o;
       const auto* h = reinterpret_cast<const std::uint64_t*>(region);
-      // A source that gathers: its records carry rows of its staged tokens (mapped here, one range check).
+      // Records that carry rows instead of tokens (mapped here, one range check): those of a source that
+      // gathers (rows of its staged tokens), and those its relay forwards over load/store (rows of the inbox).
+      const int from = static_cast<int>(src);
+      const int writer = direct(from, me) ? from : g.relay(from, g.node[me]);
       const std::byte* staged = nullptr;
-      if (gathers(static_cast<int>(src), me)) {
-        staged = ctx.ptr(tbuf.data() + z * g.M * g.tstride, g.M * g.tstride, static_cast<int>(src));
-        if (!staged)
-          internal("the staged tokens of rank " + std::to_string(src) + " are not mapped on a load/store route");
+      std::size_t stride = 0;
+      if (gathers(from, me)) {
+        stride = g.tstride;
+        staged = ctx.ptr(tbuf.data() + z * g.M * g.tstride, g.M * g.tstride, from);
+      } else if (writer != from && !dedup::packed(ctx.route(writer))) {
+        stride = g.rec_i;
+        const std::byte* inbox = ibuf.data() + (z * g.Q + g.slot(from, g.node[me])) * g.region_i;
+        if (const std::byte* p = ctx.ptr(inbox, g.region_i, writer)) staged = p + dedup::kHeader;
+      }
+      if (stride && !staged) {
+        internal("the tokens of rank " + std::to_string(src) + " are not mapped from rank " + std::to_string(writer) +
+                 " on a load/store route");
       }
       s.dd_n[src] = h[0];
       s.dd_reply[3 * src] = h[1];
@@ -706,7 +728,7 @@ struct Layer::Dedup {
           std::uint32_t row;
           std::memcpy(&row, rec, 4);
           protocol(wire::check_gathered_rows(&row, 1, g.M), "a record", static_cast<int>(src), s.call);
-          token = staged + static_cast<std::size_t>(row) * g.tstride;
+          token = staged + static_cast<std::size_t>(row) * stride;
         }
         for (std::uint32_t i = 0; i < m; ++i) {
           s.dd_by_le[e[i].le].push_back(static_cast<int>(s.dd_le.size()));

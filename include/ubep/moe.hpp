@@ -31,7 +31,7 @@
 ///     after the chunk; an owner hands out its first expert once every source's chunk is in (per_expert over
 ///     load/store: once every source has signalled that expert). Over load/store (as in per_expert) the
 ///     source stages its tokens once and a record names the token's row there; the owner gathers its
-///     batches from the stage.
+///     batches from the stage (from the relay's inbox for the tokens a relay forwards).
 ///   - combine_send keeps a copy only of the output rows whose token still waits for another local expert;
 ///     a token's partial row is computed at the combine_send of its last local expert, and the rows go back
 ///     (one message or signal per source or relay) at the last local expert.
