@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "bench/common.hpp"
+#include "bench/osu_harness.hpp"
 
 namespace ubep::bench {
 namespace {

@@ -2,7 +2,7 @@
 // reads from rank 1. The MPI baselines run in the same job: MPI_Get + MPI_Win_flush(1) under
 // MPI_Win_lock_all, on an MPI_Win_allocate window (exactly OSU) and on an MPI_Win_create window (the kind
 // ubep's mpi route uses). --memory device (OSU's -d cuda): ubep's source and destination in the GPU heap.
-#include "bench/common.hpp"
+#include "bench/osu_harness.hpp"
 
 int main(int argc, char** argv) {
   using namespace ubep::bench;

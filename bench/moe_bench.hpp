@@ -1,7 +1,8 @@
 /// \file moe_bench.hpp
 /// What the files of ubep_moe_bench (the benchmark is described in moe_bench_main.cpp) share: the settings
 /// (Args), the benchmark's own communicator (Comm), one timed result (Result), and the functions called across
-/// files: the timed cases (moe_bench_cases.cpp) and the reporting (moe_bench_report.cpp).
+/// files: the run over the sizes (moe_bench_run.cpp), the timed cases (moe_bench_cases.cpp) and the reporting
+/// (moe_bench_report.cpp).
 #pragma once
 
 #include <mpi.h>
@@ -17,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench/common.hpp"
+#include "bench/osu_harness.hpp"
 #include "ubep/moe.hpp"
 
 namespace ubep::bench::moe_bench {
@@ -187,6 +188,13 @@ struct CopyBandwidth {
   int repetitions = 0;
   double bytes_per_us = 0.0;
 };
+
+// ---- the run (moe_bench_run.cpp) --------------------------------------------------------------------
+
+/// Collective: runs every size of `a` (its cases through run_shape), prints the header, the rows and the
+/// summary from rank 0 and writes the JSON file. Returns 0; throws CheckFailed (every rank) on a wrong result,
+/// Refused (every rank) when --routes cannot be honoured, anything else on one rank alone.
+int run(const Args& a, const Comm& comm);
 
 // ---- the cases (moe_bench_cases.cpp) -----------------------------------------------------------------
 

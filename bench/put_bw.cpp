@@ -3,7 +3,7 @@
 // source to offset i * Size of the target (as OSU does: 64 x Size bytes of memory each way), then
 // completes them all. The MPI baselines run in the same job: 64 MPI_Put, then MPI_Win_flush(1), on an
 // MPI_Win_allocate window (exactly OSU) and on an MPI_Win_create window (the kind ubep's mpi route uses).
-#include "bench/common.hpp"
+#include "bench/osu_harness.hpp"
 
 namespace {
 constexpr std::size_t kWindow = 64;  // puts in flight per iteration, as OSU's window (WINDOW_SIZE_LARGE)

@@ -3,7 +3,7 @@
 // job on the same ranks: MPI_Put + MPI_Win_flush(1) under MPI_Win_lock_all, on an MPI_Win_allocate window
 // (exactly OSU) and on an MPI_Win_create window (the kind ubep's mpi route uses, so that the cost of the
 // window kind and the cost of ubep itself can be told apart).
-#include "bench/common.hpp"
+#include "bench/osu_harness.hpp"
 
 int main(int argc, char** argv) {
   using namespace ubep::bench;

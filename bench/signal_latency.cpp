@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "base/poll.hpp"
-#include "bench/common.hpp"
+#include "bench/osu_harness.hpp"
 
 namespace {
 

@@ -1,6 +1,8 @@
-/// \file common.hpp
-/// What every OSU-style ubep benchmark shares: the command line, MPI and Context set-up, timing in
-/// batches with a median, the correctness checks, and the output (OSU text table, CSV, JSON).
+/// \file osu_harness.hpp
+/// The OSU-style harness, what every OSU-style ubep benchmark shares: the command line, MPI and Context
+/// set-up, timing in batches with a median, the correctness checks, and the output (OSU text table, CSV,
+/// JSON). Sources: osu_harness.cpp (the Bench, its columns and output), osu_timing.cpp (timed loops, waits),
+/// osu_buffers.cpp (buffers, windows, patterns), osu_run.cpp (run_benchmark, the command line).
 ///
 /// A benchmark is a function `void body(Bench&)` handed to run_benchmark(), which initializes MPI,
 /// parses the flags, creates the ubep::Context, prints the header from rank 0, and turns every
@@ -300,5 +302,8 @@ double median(std::vector<double> v);
 
 /// The name of Route r ("self", "shm", "mpi", "ucx").
 std::string route_name(ubep::Route r);
+
+/// `parts` with `sep` between them.
+std::string join(const std::vector<std::string>& parts, const char* sep);
 
 }  // namespace ubep::bench
