@@ -301,4 +301,13 @@ class UcxTransport final : public Transport {
   std::exception_ptr kept_;                     // the error the caller's thread throws next
 };
 
+// Shared by the files that implement UcxTransport (transports/ucx/: setup, sending, operations, rdma, flush,
+// handlers, progress, peer_errors).
+
+/// The active-message id of every ubep message: the handler set up at construction, every send.
+inline constexpr unsigned kAmId = 7;
+
+/// The status of a request as a UCX call returned it: a null request completed in the call (UCS_OK).
+inline ucs_status_t request_status(void* req) { return req ? ucp_request_check_status(req) : UCS_OK; }
+
 }  // namespace ubep::detail
