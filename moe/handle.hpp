@@ -73,7 +73,7 @@ struct HandleState {
   std::vector<std::size_t> out_base;     // [ranks]: the block's byte offset in out_stage
   std::vector<std::uint64_t> out_first;  // [ranks]: the source's combine offset of local expert 0
   std::vector<std::size_t> out_total;    // [ranks]: tokens in the block
-  // per_rank / per_node (moe/dedup.hpp). Source side: per target rank (an owner, or a node's relay) its
+  // per_rank / per_node (moe/dedup.hpp, moe/dedup*.cpp). Source side: per target rank (an owner, or a node's relay) its
   // records' tokens and expert entries, its rows' offset in our row buffer, and per (token, target) the row.
   std::vector<std::vector<int>> dd_tokens;       // [ranks] token ids, ascending
   std::vector<std::vector<std::uint32_t>> dd_m;  // [ranks] per record: its first entry in dd_e
