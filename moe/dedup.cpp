@@ -300,29 +300,31 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
   const std::size_t ranks = shape.ranks, topk = shape.topk, num_tokens = static_cast<std::size_t>(state.n),
                     set = static_cast<std::size_t>(state.set);
   const std::size_t payload = static_cast<std::size_t>(layer.config_.hidden) * element_size(layer.config_.dtype);
-  state.dd_tokens.assign(ranks, {});
-  state.dd_m.assign(ranks, {});
-  state.dd_e.assign(ranks, {});
-  state.dd_row0.assign(ranks, 0);
-  state.dd_slot.assign(num_tokens * ranks, -1);
+  state.dd_target_tokens.assign(ranks, {});
+  state.dd_entry_start.assign(ranks, {});
+  state.dd_target_entries.assign(ranks, {});
+  state.dd_target_first_row.assign(ranks, 0);
+  state.dd_token_row.assign(num_tokens * ranks, -1);
   for (std::size_t token = 0; token < num_tokens; ++token) {
     for (std::size_t i = 0; i < topk; ++i) {
       const int expert = state.idx[token * topk + i], owner = layer.map_.owner(expert);
       const int target = target_of(owner);
-      if (state.dd_tokens[target].empty() || state.dd_tokens[target].back() != static_cast<int>(token)) {
-        state.dd_tokens[target].push_back(static_cast<int>(token));
-        state.dd_m[target].push_back(static_cast<std::uint32_t>(state.dd_e[target].size()));
+      if (state.dd_target_tokens[target].empty() || state.dd_target_tokens[target].back() != static_cast<int>(token)) {
+        state.dd_target_tokens[target].push_back(static_cast<int>(token));
+        state.dd_entry_start[target].push_back(static_cast<std::uint32_t>(state.dd_target_entries[target].size()));
       }
-      state.dd_e[target].push_back({owner, expert - layer.map_.first(owner), state.weights[token * topk + i]});
+      state.dd_target_entries[target].push_back(
+          {owner, expert - layer.map_.first(owner), state.weights[token * topk + i]});
     }
   }
   std::size_t rows = 0;
   for (std::size_t target = 0; target < ranks; ++target) {
-    state.dd_row0[target] = rows;
-    for (std::size_t j = 0; j < state.dd_tokens[target].size(); ++j) {
-      state.dd_slot[static_cast<std::size_t>(state.dd_tokens[target][j]) * ranks + target] = static_cast<int>(rows + j);
+    state.dd_target_first_row[target] = rows;
+    for (std::size_t j = 0; j < state.dd_target_tokens[target].size(); ++j) {
+      state.dd_token_row[static_cast<std::size_t>(state.dd_target_tokens[target][j]) * ranks + target] =
+          static_cast<int>(rows + j);
     }
-    rows += state.dd_tokens[target].size();
+    rows += state.dd_target_tokens[target].size();
   }
   if (rows > shape.source_rows) {
     internal("call " + std::to_string(state.call) + " needs " + std::to_string(rows) + " rows");
@@ -353,7 +355,7 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
     if (call >= shape.sets) {
       serve([&] { return ready(shape.release_signals + target, call - shape.sets + 1); }, what.c_str());
     }
-    const auto& target_tokens = state.dd_tokens[target];
+    const auto& target_tokens = state.dd_target_tokens[target];
     const std::size_t record = relay ? shape.inbox_record : shape.owner_record;
     std::byte* region;
     std::size_t signal;
@@ -361,7 +363,8 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
     // names the reply rank and signal (us, row signal [set][owner]); an inbox's has only the offset (the relay
     // replies to the inbox's source, on row signal [set][relay]).
     const std::uint64_t reply =
-        (set * (shape.source_rows + shape.inbox_slots * shape.relay_rows) + state.dd_row0[target]) * shape.row_bytes;
+        (set * (shape.source_rows + shape.inbox_slots * shape.relay_rows) + state.dd_target_first_row[target]) *
+        shape.row_bytes;
     std::uint64_t header[4] = {target_tokens.size(), static_cast<std::uint64_t>(rank), reply,
                                shape.row_signals + set * ranks + target};
     if (relay) {
@@ -381,9 +384,10 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
     for (std::size_t j = 0; j < target_tokens.size(); ++j) {
       const std::size_t token = static_cast<std::size_t>(target_tokens[j]);
       const std::size_t at = dedup::kHeader + j * record;
-      const std::uint32_t first = state.dd_m[target][j];
-      const std::uint32_t end = j + 1 < target_tokens.size() ? state.dd_m[target][j + 1]
-                                                             : static_cast<std::uint32_t>(state.dd_e[target].size());
+      const std::uint32_t first = state.dd_entry_start[target][j];
+      const std::uint32_t end = j + 1 < target_tokens.size()
+                                    ? state.dd_entry_start[target][j + 1]
+                                    : static_cast<std::uint32_t>(state.dd_target_entries[target].size());
       const std::uint32_t entries = end - first;
       if (rows_only) {
         const std::uint32_t row = static_cast<std::uint32_t>(token);
@@ -393,7 +397,8 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
         if (!scales.empty()) out.write(at + payload, &scales[token], 4);
       }
       out.write(at + shape.token_slot, &entries, 4);
-      out.write(at + dedup::entries_at(shape.token_slot), state.dd_e[target].data() + first, entries * sizeof(DdEntry));
+      out.write(at + dedup::entries_at(shape.token_slot), state.dd_target_entries[target].data() + first,
+                entries * sizeof(DdEntry));
     }
     layer.count(true, target, target_tokens.size() * shape.token_bytes);
     out.finish(signal, dedup::tag(call) | target_tokens.size());
@@ -408,7 +413,7 @@ void Layer::Dedup::combine_recv(HandleState& state, std::span<float> out) {
       [&] {
         bool all = true;
         for (std::size_t target = 0; target < ranks; ++target) {
-          if (!state.dd_tokens[target].empty()) {
+          if (!state.dd_target_tokens[target].empty()) {
             all = ready(shape.row_signals + set * ranks + target, dedup::tag(state.call)) && all;
           }
         }
@@ -444,7 +449,7 @@ void Layer::Dedup::combine_recv(HandleState& state, std::span<float> out) {
       }
     };
     for (int target : reduction_order) {
-      const int row = state.dd_slot[static_cast<std::size_t>(token) * ranks + target];
+      const int row = state.dd_token_row[static_cast<std::size_t>(token) * ranks + target];
       if (row < 0) continue;
       if (!writes_direct(rank, target)) {
         close_node();
@@ -468,7 +473,7 @@ void Layer::Dedup::combine_recv(HandleState& state, std::span<float> out) {
       if (ctx.route(p) == Route::ucx) ctx.flush_local(p);
     }
   }
-  for (auto& v : state.dd_out) {
+  for (auto& v : state.dd_kept_outputs) {
     if (v.capacity()) layer.pool_.push_back(std::move(v));
   }
 }

@@ -13,7 +13,7 @@ namespace ubep::moe {
 std::optional<int> Layer::Dedup::next_expert(HandleState& state) {
   const int num_local = layer.local_experts();
   if (state.num_returned == num_local) return std::nullopt;
-  if (!state.dd_parsed) receive(state);
+  if (!state.dd_received) receive(state);
   for (int local = 0; local < num_local; ++local) {
     if (state.ready[local] && !state.returned[local]) {
       state.returned[local] = 1;
@@ -46,18 +46,18 @@ void Layer::Dedup::receive(HandleState& state) {
       },
       what.c_str());
   const int num_local = layer.local_experts();
-  state.dd_n.assign(ranks, 0);
+  state.dd_source_records.assign(ranks, 0);
   state.dd_reply.assign(3 * ranks, 0);
-  state.dd_rec.assign(ranks + 1, 0);
-  state.dd_ent.assign(1, 0);
-  state.dd_le.clear();
-  state.dd_row.clear();
-  state.dd_w.clear();
-  state.dd_src.assign(num_local, {});
-  state.dd_by_le.assign(num_local, {});
-  state.dd_rec_of.clear();
-  state.dd_src_of.clear();
-  state.dd_pending.clear();
+  state.dd_source_first_record.assign(ranks + 1, 0);
+  state.dd_record_first_entry.assign(1, 0);
+  state.dd_entry_expert.clear();
+  state.dd_entry_row.clear();
+  state.dd_entry_weight.clear();
+  state.dd_expert_tokens.assign(num_local, {});
+  state.dd_expert_entries.assign(num_local, {});
+  state.dd_entry_record.clear();
+  state.dd_record_source.clear();
+  state.dd_record_pending.clear();
   std::vector<int> next_row(num_local, 0);
   for (std::size_t source = 0; source < ranks; ++source) {
     const std::byte* region = chunk_buf.data() + (set * ranks + source) * shape.chunk_bytes;
@@ -83,7 +83,7 @@ void Layer::Dedup::receive(HandleState& state) {
       internal("the tokens of rank " + std::to_string(source) + " are not mapped from rank " + std::to_string(writer) +
                " on a load/store route");
     }
-    state.dd_n[source] = header[0];
+    state.dd_source_records[source] = header[0];
     state.dd_reply[3 * source] = header[1];
     state.dd_reply[3 * source + 1] = header[2];
     state.dd_reply[3 * source + 2] = header[3];
@@ -106,27 +106,27 @@ void Layer::Dedup::receive(HandleState& state) {
       }
       for (std::uint32_t i = 0; i < count; ++i) {
         const DdEntry& entry = entries[i];
-        state.dd_by_le[entry.le].push_back(static_cast<int>(state.dd_le.size()));
-        state.dd_rec_of.push_back(static_cast<int>(state.dd_src_of.size()));
-        state.dd_le.push_back(entry.le);
-        state.dd_w.push_back(entry.w);
-        state.dd_row.push_back(next_row[entry.le]++);
-        state.dd_src[entry.le].push_back(token);
+        state.dd_expert_entries[entry.le].push_back(static_cast<int>(state.dd_entry_expert.size()));
+        state.dd_entry_record.push_back(static_cast<int>(state.dd_record_source.size()));
+        state.dd_entry_expert.push_back(entry.le);
+        state.dd_entry_weight.push_back(entry.w);
+        state.dd_entry_row.push_back(next_row[entry.le]++);
+        state.dd_expert_tokens[entry.le].push_back(token);
         ++state.recv_counts[static_cast<std::size_t>(entry.le) * ranks + source];
       }
-      state.dd_ent.push_back(state.dd_le.size());
-      state.dd_src_of.push_back(from);
-      state.dd_pending.push_back(static_cast<int>(count));
+      state.dd_record_first_entry.push_back(state.dd_entry_expert.size());
+      state.dd_record_source.push_back(from);
+      state.dd_record_pending.push_back(static_cast<int>(count));
     }
-    state.dd_rec[source + 1] = state.dd_rec[source] + header[0];
+    state.dd_source_first_record[source + 1] = state.dd_source_first_record[source] + header[0];
   }
-  state.dd_parsed = true;
-  state.dd_out.resize(num_local);
+  state.dd_received = true;
+  state.dd_kept_outputs.resize(num_local);
 }
 
 void Layer::Dedup::regroup(HandleState& state, int local) {
   const std::size_t payload = static_cast<std::size_t>(layer.config_.hidden) * element_size(layer.config_.dtype);
-  const auto& records = state.dd_src[local];
+  const auto& records = state.dd_expert_tokens[local];
   std::vector<std::byte>& data = state.expert_data[local];
   layer.reuse(data, records.size() * payload);
   std::vector<float>& scales = state.expert_scales[local];
@@ -159,7 +159,7 @@ void Layer::Dedup::dispatch_recv(HandleState& state) {
   std::vector<std::uint8_t> returned = state.returned;
   const int was = state.num_returned;
   for (int local = 0; local < layer.local_experts(); ++local) {
-    if (!state.dd_parsed) receive(state);
+    if (!state.dd_received) receive(state);
     if (!state.ready[local]) regroup(state, local);
   }
   if (state.num_ready == layer.local_experts() && layer.local_experts() > 0) release(state);
@@ -172,12 +172,12 @@ void Layer::Dedup::combine_send(HandleState& state, int local, std::span<const s
   const bool outputs_f32 = output_dtype(layer.config_.dtype) == DType::f32;
   if (state.num_combined == 0) {
     // Staging for the partial rows to network-route reply ranks (the rows are computed into it).
-    state.dd_stage.assign(shape.ranks, nullptr);
+    state.dd_reply_stage.assign(shape.ranks, nullptr);
     for (std::size_t source = 0; source < shape.ranks; ++source) {
       const int to = static_cast<int>(state.dd_reply[3 * source]);
-      if (state.dd_n[source] && dedup::packed(ctx.route(to))) {
-        state.dd_stage[source] =
-            stage(stage_key(Staged::partial_rows, set, source), state.dd_n[source] * shape.row_bytes, to);
+      if (state.dd_source_records[source] && dedup::packed(ctx.route(to))) {
+        state.dd_reply_stage[source] =
+            stage(stage_key(Staged::partial_rows, set, source), state.dd_source_records[source] * shape.row_bytes, to);
       }
     }
   }
@@ -185,17 +185,17 @@ void Layer::Dedup::combine_send(HandleState& state, int local, std::span<const s
   // still waiting for another expert are read there later instead of copied.
   const bool in_place = state.out_taken[local] && outputs.data() == state.out_rows[local].data();
   state.out_in_place[local] = in_place ? 1 : 0;
-  const std::vector<int>& entries_of = state.dd_by_le[local];
+  const std::vector<int>& entries_of = state.dd_expert_entries[local];
   std::vector<std::byte>* copy = nullptr;
   std::vector<float> weights;
   std::vector<const std::byte*> expert_rows;
   for (std::size_t j = 0; j < entries_of.size(); ++j) {
-    const int record = state.dd_rec_of[entries_of[j]];
+    const int record = state.dd_entry_record[entries_of[j]];
     const std::byte* mine = outputs.data() + j * out_bytes;
-    if (--state.dd_pending[record] > 0) {
+    if (--state.dd_record_pending[record] > 0) {
       if (in_place) continue;
       if (!copy) {
-        copy = &state.dd_out[local];
+        copy = &state.dd_kept_outputs[local];
         layer.reuse(*copy, outputs.size());
       }
       std::memcpy(copy->data() + j * out_bytes, mine, out_bytes);
@@ -203,15 +203,18 @@ void Layer::Dedup::combine_send(HandleState& state, int local, std::span<const s
     }
     weights.clear();
     expert_rows.clear();
-    for (std::size_t i = state.dd_ent[record]; i < state.dd_ent[static_cast<std::size_t>(record) + 1]; ++i) {
-      weights.push_back(state.dd_w[i]);
-      const int expert = state.dd_le[i];
-      const std::byte* kept = state.out_in_place[expert] ? state.out_rows[expert].data() : state.dd_out[expert].data();
-      expert_rows.push_back(expert == local ? mine : kept + static_cast<std::size_t>(state.dd_row[i]) * out_bytes);
+    for (std::size_t i = state.dd_record_first_entry[record];
+         i < state.dd_record_first_entry[static_cast<std::size_t>(record) + 1]; ++i) {
+      weights.push_back(state.dd_entry_weight[i]);
+      const int expert = state.dd_entry_expert[i];
+      const std::byte* kept =
+          state.out_in_place[expert] ? state.out_rows[expert].data() : state.dd_kept_outputs[expert].data();
+      expert_rows.push_back(expert == local ? mine
+                                            : kept + static_cast<std::size_t>(state.dd_entry_row[i]) * out_bytes);
     }
-    const int source = state.dd_src_of[record];
-    const std::size_t at = (static_cast<std::size_t>(record) - state.dd_rec[source]) * shape.row_bytes;
-    if (std::byte* staged = state.dd_stage[source]) {
+    const int source = state.dd_record_source[record];
+    const std::size_t at = (static_cast<std::size_t>(record) - state.dd_source_first_record[source]) * shape.row_bytes;
+    if (std::byte* staged = state.dd_reply_stage[source]) {
       partial_row(weights, expert_rows, outputs_f32, hidden, float_rows, staged + at);
     } else {  // a load/store route: the row is computed straight into the source's buffer
       partial_row(weights, expert_rows, outputs_f32, hidden, float_rows,
@@ -223,11 +226,11 @@ void Layer::Dedup::combine_send(HandleState& state, int local, std::span<const s
   if (++state.num_combined < layer.local_experts()) return;
   // The last local expert: every partial row is computed; one message or signal per reply.
   for (int source : schedule) {
-    const std::size_t records = state.dd_n[source];
+    const std::size_t records = state.dd_source_records[source];
     if (records == 0) continue;
     const int to = static_cast<int>(state.dd_reply[3 * source]);
     std::uint64_t* signal = &signal_buf[state.dd_reply[3 * source + 2]];
-    if (std::byte* staged = state.dd_stage[source]) {
+    if (std::byte* staged = state.dd_reply_stage[source]) {
       ctx.put_signal_nbi(row_buf.data() + state.dd_reply[3 * source + 1], staged, records * shape.row_bytes, signal,
                          dedup::tag(state.call) | 1, SignalOp::set, to);
     } else {
