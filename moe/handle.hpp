@@ -73,28 +73,28 @@ struct HandleState {
   std::vector<std::size_t> out_base;     // [ranks]: the block's byte offset in out_stage
   std::vector<std::uint64_t> out_first;  // [ranks]: the source's combine offset of local expert 0
   std::vector<std::size_t> out_total;    // [ranks]: tokens in the block
-  // per_rank / per_node (moe/dedup.hpp). Source side: per target rank (an owner, or a node's relay) its
+  // per_rank / per_node (moe/dedup.hpp, moe/dedup*.cpp). Source side: per target rank (an owner, or a node's relay) its
   // records' tokens and expert entries, its rows' offset in our row buffer, and per (token, target) the row.
-  std::vector<std::vector<int>> dd_tokens;       // [ranks] token ids, ascending
-  std::vector<std::vector<std::uint32_t>> dd_m;  // [ranks] per record: its first entry in dd_e
-  std::vector<std::vector<DdEntry>> dd_e;        // [ranks] the records' entries, in k order
-  std::vector<std::size_t> dd_row0;              // [ranks] first row of the target's rows
-  std::vector<int> dd_slot;                      // [n x ranks] row of (token, target), -1 if none
+  std::vector<std::vector<int>> dd_target_tokens;          // [ranks] token ids, ascending
+  std::vector<std::vector<std::uint32_t>> dd_entry_start;  // [ranks] per record: its first entry in dd_target_entries
+  std::vector<std::vector<DdEntry>> dd_target_entries;     // [ranks] the records' entries, in k order
+  std::vector<std::size_t> dd_target_first_row;            // [ranks] first row of the target's rows
+  std::vector<int> dd_token_row;                           // [n x ranks] row of (token, target), -1 if none
   // Owner side: per source the chunk's size and reply address, per (source, record) the entries.
-  bool dd_parsed = false;
-  std::vector<std::size_t> dd_n;                      // [ranks] records in the chunk of source s
-  std::vector<std::uint64_t> dd_reply;                // [ranks x 3] reply rank, byte offset, signal index
-  std::vector<std::size_t> dd_rec;                    // [ranks + 1] first record of source s (records numbered)
-  std::vector<std::size_t> dd_ent;                    // [records + 1] first entry of each record
-  std::vector<int> dd_le, dd_row;                     // [entries] local expert, row in that expert's batch
-  std::vector<float> dd_w;                            // [entries] weight
-  std::vector<std::vector<const std::byte*>> dd_src;  // [local] the records of each expert, in row order
-  std::vector<std::vector<int>> dd_by_le;             // [local] entry of each row of the expert's batch
-  std::vector<int> dd_rec_of;                         // [entries] its record
-  std::vector<int> dd_src_of;                         // [records] its source
-  std::vector<int> dd_pending;                        // [records] entries whose outputs are not in yet
-  std::vector<std::byte*> dd_stage;                   // [ranks] staging of the partial rows to a network route
-  std::vector<std::vector<std::byte>> dd_out;         // [local] copies of the outputs a record still needs
+  bool dd_received = false;
+  std::vector<std::size_t> dd_source_records;       // [ranks] records in the chunk of each source
+  std::vector<std::uint64_t> dd_reply;              // [ranks x 3] reply rank, byte offset, signal index
+  std::vector<std::size_t> dd_source_first_record;  // [ranks + 1] first record of each source (records numbered)
+  std::vector<std::size_t> dd_record_first_entry;   // [records + 1] first entry of each record
+  std::vector<int> dd_entry_expert, dd_entry_row;   // [entries] local expert, row in that expert's batch
+  std::vector<float> dd_entry_weight;               // [entries] weight
+  std::vector<std::vector<const std::byte*>> dd_expert_tokens;  // [local] the records of each expert, in row order
+  std::vector<std::vector<int>> dd_expert_entries;              // [local] entry of each row of the expert's batch
+  std::vector<int> dd_entry_record;                             // [entries] its record
+  std::vector<int> dd_record_source;                            // [records] its source
+  std::vector<int> dd_record_pending;                           // [records] entries whose outputs are not in yet
+  std::vector<std::byte*> dd_reply_stage;               // [ranks] staging of the partial rows to a network route
+  std::vector<std::vector<std::byte>> dd_kept_outputs;  // [local] copies of the outputs a record still needs
   bool finished = false;
   // BSP baseline: received blocks and combine staging.
   std::vector<std::byte> bsp_recv, bsp_csend, bsp_crecv;

@@ -29,6 +29,7 @@
 
 #include "moe/dedup.hpp"
 #include "moe/handle.hpp"
+#include "moe/kernels.hpp"
 #include "moe/wire.hpp"
 #include "ubep/moe.hpp"
 #include "ubep/topology.hpp"

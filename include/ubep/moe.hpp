@@ -479,7 +479,7 @@ class Layer final : public LayerBase {
   void check_heap(std::size_t need) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  struct Dedup;  // per_rank and per_node (moe/dedup.hpp)
+  struct Dedup;  // per_rank and per_node (moe/dedup.hpp, moe/dedup*.cpp)
   std::unique_ptr<Dedup> dedup_;
 };
 

@@ -1,16 +1,15 @@
-// Fuzz target: the MoE input validation (moe/common.cpp, moe/layer.cpp, moe/bsp_layer.cpp): the Config
-// checks of the layer constructors (dtype, combine, num_experts, hidden, topk, max_tokens_per_rank, the heap
-// it needs), and dispatch_send's checks of one call (routing: expert ids, duplicates in a token; counts:
-// topk_idx a multiple of topk, n <= max_tokens_per_rank; sizes of tokens, weights and scales), then the
-// calls of a whole dispatch/combine, some of them misused (a local expert out of range, combine_recv before
-// every combine_send, combine_send twice, wrong output sizes, a handle used after its combine).
-// One rank: LLVMFuzzerInitialize starts a singleton MPI job (no mpirun) and one Context, kept for the run.
-// Property: the constructor either builds a layer or throws ubep::Error(invalid_argument) naming the
-// field, or ubep::OutOfHeap; dispatch_send accepts exactly the calls an independent check here accepts and
-// rejects the others with ubep::Error(invalid_argument or out_of_range); every expert gets exactly the
-// tokens routed to it, byte for byte; per_expert with f32 outputs of 1.0 sums exactly the weights; no
-// call times out (one rank never waits for anyone). Any other exception, a crash or a sanitizer report
-// is a finding.
+// Fuzz target: the MoE input validation (moe/types.cpp, moe/layer_base.cpp, moe/layer.cpp, moe/bsp_layer.cpp): the
+// Config checks of the layer constructors (dtype, combine, num_experts, hidden, topk, max_tokens_per_rank, the heap it
+// needs), and dispatch_send's checks of one call (routing: expert ids, duplicates in a token; counts: topk_idx a
+// multiple of topk, n <= max_tokens_per_rank; sizes of tokens, weights and scales), then the calls of a whole
+// dispatch/combine, some of them misused (a local expert out of range, combine_recv before every combine_send,
+// combine_send twice, wrong output sizes, a handle used after its combine). One rank: LLVMFuzzerInitialize starts a
+// singleton MPI job (no mpirun) and one Context, kept for the run. Property: the constructor either builds a layer or
+// throws ubep::Error(invalid_argument) naming the field, or ubep::OutOfHeap; dispatch_send accepts exactly the calls an
+// independent check here accepts and rejects the others with ubep::Error(invalid_argument or out_of_range); every
+// expert gets exactly the tokens routed to it, byte for byte; per_expert with f32 outputs of 1.0 sums exactly the
+// weights; no call times out (one rank never waits for anyone). Any other exception, a crash or a sanitizer report is a
+// finding.
 #include <mpi.h>
 
 #include <cmath>
