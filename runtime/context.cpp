@@ -281,8 +281,8 @@ void check_gpu(State& s) {
                                      "; every rank fails here (unset UBEP_GPU for a host-only job)");
 }
 
-void build(State& s, MPI_Comm user_comm) {
-  const char* call = "Context()";
+// Context(), phase 1: MPI up (initialized here when the caller has not), the communicator duplicated.
+void init_mpi(State& s, const char* call, MPI_Comm user_comm) {
   int initialized = 0, fin = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&fin);
@@ -300,7 +300,10 @@ void build(State& s, MPI_Comm user_comm) {
   MPI_Comm_rank(s.comms.comm, &s.comms.rank);
   MPI_Comm_size(s.comms.comm, &s.comms.size);
   set_errors_return(s, s.comms.comm);
+}
 
+// Phase 2: every rank agrees on the settings that change collective behaviour.
+void agree_settings(State& s, const char* call) {
   // Collective settings must agree: a heap of a different size would give different offsets.
   std::string transports;
   for (const auto& t : s.options.transports) transports += t + ",";
@@ -330,9 +333,17 @@ void build(State& s, MPI_Comm user_comm) {
   s.collective(call, detail::CollKind::create,
                {static_cast<std::int64_t>(s.options.gpu_staging_chunk), hash_text(s.options.gpu_mpi_window)},
                {"UBEP_GPU_STAGING_CHUNK", "hash(UBEP_GPU_MPI_WINDOW)"});
-  check_gpu(s);
+}
 
-  const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.comms.size);
+// The transports UBEP_TRANSPORTS names, as the messages show them.
+std::string transports_list(const Options& o) {
+  std::string transports;
+  for (const auto& t : o.transports) transports += t + ",";
+  return transports;
+}
+
+// Phase 4: the node communicator and the node's ranks; returns which peers are off this host.
+std::vector<std::uint8_t> split_node(State& s, const char* call, const std::vector<int>& vnodes) {
   MPI_Comm shared = MPI_COMM_NULL;
   UBEP_MPI_CHECK(s.comms.rank, call,
                  MPI_Comm_split_type(s.comms.comm, MPI_COMM_TYPE_SHARED, s.comms.rank, MPI_INFO_NULL, &shared));
@@ -358,7 +369,12 @@ void build(State& s, MPI_Comm user_comm) {
   s.comms.node_ranks.assign(node_size, 0);
   UBEP_MPI_CHECK(s.comms.rank, call,
                  MPI_Allgather(&s.comms.rank, 1, MPI_INT, s.comms.node_ranks.data(), 1, MPI_INT, s.comms.node_comm));
+  return off_host;
+}
 
+// Phase 5: the symmetric host heap and its node window; returns each node peer's heap as mapped here.
+std::vector<char*> create_heap(State& s, const char* call) {
+  const int node_size = static_cast<int>(s.comms.node_ranks.size());
   // The heap: one shared segment per node, mapped by every node peer.
   MPI_Info info;
   MPI_Info_create(&info);
@@ -401,7 +417,18 @@ void build(State& s, MPI_Comm user_comm) {
       bases[s.comms.node_ranks[i]] = ptr + pads[i];
     }
   }
+  s.heap.alloc = detail::HeapAllocator(0, s.heap.size);
+  return bases;
+}
 
+// Which transports the route table needs beyond load/store.
+struct RouteNeeds {
+  bool mpi = false, ucx = false;
+};
+
+// Phase 6: the route table, from the peers' heaps mapped here (`bases`) and UBEP_TRANSPORTS.
+RouteNeeds build_routes(State& s, const char* call, const std::vector<char*>& bases) {
+  const std::string transports = transports_list(s.options);
   // The route table: the cheapest allowed transport that reaches each peer.
   const bool self_ok = allowed(s.options, "self"), shm_ok = allowed(s.options, "shm"),
              mpi_ok = allowed(s.options, "mpi"), ucx_ok = allowed(s.options, "ucx");
@@ -434,6 +461,11 @@ void build(State& s, MPI_Comm user_comm) {
                  " and rank " + std::to_string(pe) + " is on another node): add mpi");
     }
   }
+  return {need_mpi, need_ucx};
+}
+
+// Phase 7: the ucx transport, where some rank needs it.
+void start_ucx([[maybe_unused]] State& s, [[maybe_unused]] const char* call, [[maybe_unused]] bool need_ucx) {
 #if UBEP_HAVE_UCX
   // Every rank must agree on whether UCX is set up (the address exchange is collective).
   int ucx_any = need_ucx ? 1 : 0;
@@ -447,6 +479,10 @@ void build(State& s, MPI_Comm user_comm) {
                                                s.options.ucx_mode, s.options.wait_timeout, s.options.poll, threaded);
   }
 #endif
+}
+
+// Phase 8: the world window and the mpi transport on it, where some rank needs them.
+void open_world_window(State& s, const char* call, bool need_mpi, std::vector<std::uint8_t> off_host) {
   // Every rank must agree on whether the world window exists (its creation is collective).
   int need_any = need_mpi ? 1 : 0;
   UBEP_MPI_CHECK(s.comms.rank, call, MPI_Allreduce(MPI_IN_PLACE, &need_any, 1, MPI_INT, MPI_MAX, s.comms.comm));
@@ -483,6 +519,11 @@ void build(State& s, MPI_Comm user_comm) {
         s.options.mpi_bounded == "all", std::move(off_host), s.options.wait_timeout, s.options.poll,
         s.comms.signal_comm, s.heap.base, s.heap.size);
   }
+}
+
+// Phase 9: per peer, the transports of data, atomics and signals, and the mappings of the fast paths.
+void compose_transports(State& s, const std::vector<char*>& bases, RouteNeeds need) {
+  const bool need_mpi = need.mpi, need_ucx = need.ucx;
   s.routes.uses_mpi = need_mpi;
   s.routes.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
   s.routes.transport_of.resize(s.comms.size);
@@ -513,11 +554,16 @@ void build(State& s, MPI_Comm user_comm) {
   for (int pe = 0; pe < s.comms.size; ++pe) {
     if (s.routes.atomics_to[pe] == s.routes.load_store.get()) s.routes.mapped_signals[pe] = s.routes.mapped[pe];
   }
-  s.heap.alloc = detail::HeapAllocator(0, s.heap.size);
+}
 
+// Phase 10: the topology every rank agrees on.
+void learn_topology(State& s, const std::vector<int>& vnodes) {
   s.topology = detail::gather_topology(s.comms.comm, s.options, vnodes);
   s.comms.node_id = s.topology.node_of(s.comms.rank);
+}
 
+// Phase 11: the progress thread the options ask for, if any.
+void start_progress(State& s, const char* call) {
   if (s.options.progress_thread) {
     if (s.comms.thread_level != MPI_THREAD_MULTIPLE) {
       s.fail(Errc::unsupported, call,
@@ -599,8 +645,21 @@ void build(State& s, MPI_Comm user_comm) {
 
 Context::Context(MPI_Comm comm, Options options) : state_(std::make_shared<State>()) {
   state_->options = std::move(options);
+  State& s = *state_;
+  const char* call = "Context()";
   try {
-    build(*state_, comm);
+    init_mpi(s, call, comm);
+    agree_settings(s, call);
+    check_gpu(s);
+    const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.comms.size);
+    std::vector<std::uint8_t> off_host = split_node(s, call, vnodes);
+    const std::vector<char*> bases = create_heap(s, call);
+    const RouteNeeds need = build_routes(s, call, bases);
+    start_ucx(s, call, need.ucx);
+    open_world_window(s, call, need.mpi, std::move(off_host));
+    compose_transports(s, bases, need);
+    learn_topology(s, vnodes);
+    start_progress(s, call);
   } catch (...) {
     state_->teardown();
     if (state_->comms.owns_mpi) mpi_left_by_failed_context = true;
