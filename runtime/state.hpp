@@ -26,7 +26,7 @@ namespace ubep::detail {
 
 struct GpuStreams;    // runtime/gpu_streams.hpp
 struct DeviceMemory;  // runtime/device_memory.hpp: the symmetric GPU heap
-struct StagedRoute;   // runtime/device.cpp: its staged route to other nodes
+struct StagedRoute;   // runtime/staged_route.hpp: its staged route to other nodes
 
 /// Kinds of collective call; every ubep collective first agrees on (kind, sequence, arguments) so that
 /// mismatched calls are reported instead of corrupting memory or hanging.
@@ -261,7 +261,7 @@ class State {
   bool release(std::size_t offset) noexcept;
 
   ~State();
-  void stop_progress_thread() noexcept;  // joins the progress thread, if any; idempotent
+  void stop_progress_thread() noexcept;  // joins the progress thread, if any; idempotent (runtime/progress.cpp)
   void teardown() noexcept;              // frees MPI objects (collective); used by finalize() and a failed Context()
 };
 
@@ -281,6 +281,10 @@ std::optional<std::size_t> alloc_agreed(State& s, const char* call, CollKind kin
                                         std::size_t bytes, std::size_t align);
 [[noreturn]] void throw_out_of_heap(const State& s, const char* call, const HeapAllocator& heap, std::size_t heap_size,
                                     const char* env, std::size_t bytes, std::size_t align);
+
+/// The last phase of Context() (runtime/progress.cpp): the progress thread the options ask for, if any (the full
+/// one for UBEP_PROGRESS_THREAD=1, the ucx route's own where UCX is in use and UBEP_PROGRESS_THREAD=auto).
+void start_progress(State& s, const char* call);
 
 /// For Context::info(): the GPU heap in one line, and how GPU-heap data reaches pe (runtime/device.cpp).
 std::string gpu_heap_description(const State& s);
