@@ -47,10 +47,11 @@ void answer_roll_call(const State& s) {
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kRollQuery, s.comm, &flag, &st) != MPI_SUCCESS || !flag) return;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kRollQuery, s.comms.comm, &flag, &st) != MPI_SUCCESS || !flag) return;
     std::array<std::int64_t, 2> q{};
-    if (MPI_Recv(q.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kRollQuery, s.comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-    outbox().send(q[0], static_cast<std::int64_t>(s.collective_seq), st.MPI_SOURCE, kRollReply, s.comm);
+    if (MPI_Recv(q.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kRollQuery, s.comms.comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return;
+    outbox().send(q[0], static_cast<std::int64_t>(s.collective_seq), st.MPI_SOURCE, kRollReply, s.comms.comm);
   }
 }
 
@@ -59,28 +60,29 @@ void answer_roll_call(const State& s) {
 // or outside ubep's collectives). A peer in the same collective answers within microseconds; all that waits
 // the whole grace is a rank that is missing.
 std::vector<std::int64_t> roll_call(const State& s, std::int64_t seq, std::chrono::duration<double> grace) {
-  std::vector<std::int64_t> at(s.size, -1);
-  at[s.rank] = seq;
-  for (int pe = 0; pe < s.size; ++pe) {
-    if (pe != s.rank) outbox().send(seq, 0, pe, kRollQuery, s.comm);
+  std::vector<std::int64_t> at(s.comms.size, -1);
+  at[s.comms.rank] = seq;
+  for (int pe = 0; pe < s.comms.size; ++pe) {
+    if (pe != s.comms.rank) outbox().send(seq, 0, pe, kRollQuery, s.comms.comm);
   }
-  int missing = s.size - 1;
+  int missing = s.comms.size - 1;
   const auto end = std::chrono::steady_clock::now() + grace;
   Backoff backoff(s.options.poll);
   while (missing > 0 && std::chrono::steady_clock::now() < end) {
     answer_roll_call(s);  // peers whose copy timed out too ask at the same time
     int flag = 0;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kRollReply, s.comm, &flag, &st) == MPI_SUCCESS && flag) {
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kRollReply, s.comms.comm, &flag, &st) == MPI_SUCCESS && flag) {
       std::array<std::int64_t, 2> r{};
-      if (MPI_Recv(r.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kRollReply, s.comm, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+      if (MPI_Recv(r.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kRollReply, s.comms.comm, MPI_STATUS_IGNORE) ==
+              MPI_SUCCESS &&
           r[0] == seq && at[st.MPI_SOURCE] < 0) {  // a late answer to an earlier roll call does not count
         at[st.MPI_SOURCE] = r[1];
         --missing;
       }
       continue;
     }
-    if (s.ucx) s.ucx->poll_keeping_errors();
+    if (s.routes.ucx) s.routes.ucx->poll_keeping_errors();
     backoff.pause();
   }
   return at;
@@ -105,7 +107,7 @@ const char* to_string(CollKind kind) noexcept {
 
 void State::wait_request(const char* call, MPI_Request& req, const char* what) {
   if (UBEP_SIMGRID) {  // a simulated rank blocks; SimGrid reports a deadlock if every rank does
-    UBEP_MPI_CHECK(rank, call, MPI_Wait(&req, MPI_STATUS_IGNORE));
+    UBEP_MPI_CHECK(comms.rank, call, MPI_Wait(&req, MPI_STATUS_IGNORE));
     return;
   }
   const auto start = std::chrono::steady_clock::now();
@@ -113,12 +115,12 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
   Backoff backoff(options.poll);
   for (;;) {
     int done = 0;
-    UBEP_MPI_CHECK(rank, call, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    UBEP_MPI_CHECK(comms.rank, call, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    if (ucx)
-      ucx->poll_keeping_errors();   // a peer may wait for this rank's answer before it joins (an error
-                                    // there is thrown by this rank's next operation, not by the collective)
-    if (staged) progress_staged();  // ... or for the credits of its staged GPU transfers to this rank
+    if (routes.ucx)
+      routes.ucx->poll_keeping_errors();  // a peer may wait for this rank's answer before it joins (an error
+                                          // there is thrown by this rank's next operation, not by the collective)
+    if (gpu.staged) progress_staged();    // ... or for the credits of its staged GPU transfers to this rank
     backoff.pause();
     if ((backoff.polls() & 63) == 0) answer_roll_call(*this);
     if (timeout.count() > 0 && (backoff.polls() & 63) == 0 && std::chrono::steady_clock::now() - start > timeout) {
@@ -128,13 +130,13 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
       const std::vector<std::int64_t> at = roll_call(*this, seq, grace);
       std::ostringstream msg, absent, elsewhere;
       int joined = 0;
-      for (int pe = 0; pe < size; ++pe) {
+      for (int pe = 0; pe < comms.size; ++pe) {
         if (at[pe] == seq) ++joined;
         if (at[pe] < 0) absent << " " << pe;
         if (at[pe] >= 0 && at[pe] != seq) elsewhere << "; rank " << pe << " is in collective #" << at[pe];
       }
       msg << what << " did not complete within " << timeout.count() << " s (UBEP_WAIT_TIMEOUT): " << joined << " of "
-          << size << " ranks reached it";
+          << comms.size << " ranks reached it";
       if (!absent.str().empty()) {
         msg << "; not answering from inside a collective within " << grace.count() << " s (dead, stalled, or busy "
             << "outside ubep's collectives): rank" << absent.str();
@@ -182,9 +184,9 @@ void State::collective(const char* call, CollKind kind, std::initializer_list<st
     // A simulated rank blocks anyway (wait_request), and SMPI's non-blocking collectives are linear (the root
     // waits on every rank's message: at 128 ranks SimGrid spent most of the wall time finishing them), while
     // MPI_Allreduce runs its tuned algorithm.
-    UBEP_MPI_CHECK(rank, call, MPI_Allreduce(send, recv, 2 * kFields, MPI_INT64_T, MPI_MAX, comm));
+    UBEP_MPI_CHECK(comms.rank, call, MPI_Allreduce(send, recv, 2 * kFields, MPI_INT64_T, MPI_MAX, comms.comm));
   } else {
-    UBEP_MPI_CHECK(rank, call, MPI_Iallreduce(send, recv, 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &req));
+    UBEP_MPI_CHECK(comms.rank, call, MPI_Iallreduce(send, recv, 2 * kFields, MPI_INT64_T, MPI_MAX, comms.comm, &req));
   }
   const std::string what = std::string("collective ") + to_string(kind) + " #" + std::to_string(mine[1]);
   try {

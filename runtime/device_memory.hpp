@@ -13,7 +13,7 @@
 
 namespace ubep::detail {
 
-struct StagedRoute;  // runtime/device.cpp
+struct StagedRoute;  // runtime/staged_route.hpp
 class MpiRmaTransport;
 
 struct DeviceMemory {

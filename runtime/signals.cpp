@@ -25,59 +25,61 @@ void State::issue_pending_signals() {
   // without further flushes (accumulates from one origin are ordered by MPI's default
   // accumulate_ordering, so earlier signals need no flush).
   std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before MPI signals (mixed routes)
-  mpi->flush_data();
+  routes.mpi->flush_data();
   // A signal leaves the list as it is issued: one whose MPI call times out stays pending inside MPI and still
   // completes there, so a later delivery must not issue it again (nor those before it); the ones after it stay.
   std::size_t issued = 0;
   try {
-    for (; issued < pending_signals.size(); ++issued) {
-      const PendingSignal p = pending_signals[issued];
-      const std::uint64_t before = mpi->updates_issued();
+    for (; issued < in_flight.signals.size(); ++issued) {
+      const PendingSignal p = in_flight.signals[issued];
+      const std::uint64_t before = routes.mpi->updates_issued();
       try {
         atomics_of(p.pe).post_signal(atomic_of(p.op), p.offset, p.value, p.pe);
       } catch (...) {
-        if (mpi->updates_issued() != before) ++issued;  // handed to MPI before the error: it happens
+        if (routes.mpi->updates_issued() != before) ++issued;  // handed to MPI before the error: it happens
         throw;
       }
     }
   } catch (...) {
-    pending_signals.erase(pending_signals.begin(), pending_signals.begin() + static_cast<std::ptrdiff_t>(issued));
+    in_flight.signals.erase(in_flight.signals.begin(), in_flight.signals.begin() + static_cast<std::ptrdiff_t>(issued));
     throw;
   }
-  pending_signals.clear();
+  in_flight.signals.clear();
 }
 
 void State::progress() {
   flush_pending_signals();
-  if (staged) progress_staged();
-  if (ucx) ucx->poll();
-  if (mpi) mpi->progress(comm);
-  if (device_window) device_window->progress(comm);
+  if (gpu.staged) progress_staged();
+  if (routes.ucx) routes.ucx->poll();
+  if (routes.mpi) routes.mpi->progress(comms.comm);
+  if (gpu.window) gpu.window->progress(comms.comm);
 }
 
 void State::apply_sent_signal_messages(const char* call) {
-  if (!mpi || !mpi->signal_messages()) return;
-  const std::vector<std::uint64_t>& sent = mpi->messages_sent();
+  if (!routes.mpi || !routes.mpi->signal_messages()) return;
+  const std::vector<std::uint64_t>& sent = routes.mpi->messages_sent();
   std::uint64_t expected = 0;
   MPI_Request req = MPI_REQUEST_NULL;
   if (UBEP_SIMGRID) {  // blocking, as every simulated wait (SMPI's non-blocking collectives are linear)
-    UBEP_MPI_CHECK(rank, call, MPI_Reduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, signal_comm));
+    UBEP_MPI_CHECK(comms.rank, call,
+                   MPI_Reduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, comms.signal_comm));
   } else {
-    UBEP_MPI_CHECK(rank, call,
-                   MPI_Ireduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, signal_comm, &req));
+    UBEP_MPI_CHECK(
+        comms.rank, call,
+        MPI_Ireduce_scatter_block(sent.data(), &expected, 1, MPI_UINT64_T, MPI_SUM, comms.signal_comm, &req));
   }
   wait_request(call, req, "the count of signal messages sent to each rank");
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff(options.poll);
-  while (mpi->messages_applied() < expected) {
-    if (mpi->deliver(UBEP_SIMGRID != 0) == 0) backoff.pause();
+  while (routes.mpi->messages_applied() < expected) {
+    if (routes.mpi->deliver(UBEP_SIMGRID != 0) == 0) backoff.pause();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (mpi->messages_applied() < expected && options.wait_timeout.count() > 0 &&
+    if (routes.mpi->messages_applied() < expected && options.wait_timeout.count() > 0 &&
         waited > options.wait_timeout.count()) {
       fail(Errc::timeout, call,
            "waited " + std::to_string(waited) + " s for the signal messages the peers sent before this " +
-               std::string(call) + ": " + std::to_string(mpi->messages_applied()) + " of " + std::to_string(expected) +
-               " applied");
+               std::string(call) + ": " + std::to_string(routes.mpi->messages_applied()) + " of " +
+               std::to_string(expected) + " applied");
     }
   }
 }
@@ -85,11 +87,11 @@ void State::apply_sent_signal_messages(const char* call) {
 void State::quiet() {
   flush_pending_signals();
   complete_device("quiet");
-  load_store->flush_all();
-  if (ucx) ucx->flush_all();
-  if (mpi) mpi->flush_all();
+  routes.load_store->flush_all();
+  if (routes.ucx) routes.ucx->flush_all();
+  if (routes.mpi) routes.mpi->flush_all();
   // Every atomic of this rank is complete: a later one of another kind on the same word cannot overlap them.
-  atomic_family.clear();
+  in_flight.atomic_family.clear();
 }
 
 namespace {
@@ -121,10 +123,10 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
   }
   for (std::size_t i = 0; i < opts.writers.size(); ++i) {
     const int w = opts.writers[i];
-    if (w < -1 || w >= s.size) {
+    if (w < -1 || w >= s.comms.size) {
       s.fail(Errc::out_of_range, call,
              "WaitOptions::writers[" + std::to_string(i) + "] = " + std::to_string(w) + " is not a rank in [0, " +
-                 std::to_string(s.size) + ") (or -1 for unknown)");
+                 std::to_string(s.comms.size) + ") (or -1 for unknown)");
     }
   }
   if (!sigs.empty()) s.check_range(call, sigs.data(), sigs.size_bytes());
@@ -148,9 +150,9 @@ void check_signals(const State& s, const char* call, std::span<const std::uint64
     if (opts.writers.size() == sigs.size()) writer = opts.writers[i];
     if (writer >= 0 && std::find(missing.begin(), missing.end(), writer) == missing.end()) missing.push_back(writer);
     if (shown++ < 16) {
-      msg << "\n  signal[" << i << "] (rank " << s.rank << ", heap offset "
-          << (reinterpret_cast<const char*>(&sigs[i]) - s.base) << ") = " << v << ", waiting for " << to_string(cmp)
-          << " " << t.at(i);
+      msg << "\n  signal[" << i << "] (rank " << s.comms.rank << ", heap offset "
+          << (reinterpret_cast<const char*>(&sigs[i]) - s.heap.base) << ") = " << v << ", waiting for "
+          << to_string(cmp) << " " << t.at(i);
       if (writer >= 0) msg << ", expected writer: rank " << writer;
     }
   }
@@ -190,23 +192,23 @@ void poll_until(State& s, const char* call, const WaitOptions& opts, Ready&& rea
   // ping-pong, measured), though it ran before the signal arrived.
   std::chrono::steady_clock::time_point start{};
   Backoff backoff(s.options.poll);
-  const bool messages = s.mpi && s.mpi->signal_messages();
+  const bool messages = s.routes.mpi && s.routes.mpi->signal_messages();
   std::uint64_t turns = 0;  // every 16th turn checks the deadline, whatever arrived (a busy peer cannot delay it)
   for (;;) {
     if (ready()) {
-      if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
+      if (s.routes.uses_mpi) UBEP_MPI_CHECK(s.comms.rank, call, MPI_Win_sync(s.heap.world_win));
       return;
     }
     // Signals as messages: each one applied may be what this wait needs (look again at once, without a
     // pause). In SimGrid builds the rank blocks until one arrives (a poll would never yield to the
     // simulation; SimGrid reports a deadlock when every rank blocks): no deadline there.
-    const bool delivered = messages && s.mpi->deliver(UBEP_SIMGRID != 0) > 0;
+    const bool delivered = messages && s.routes.mpi->deliver(UBEP_SIMGRID != 0) > 0;
     if (!delivered) {
-      if (s.ucx) s.ucx->poll();           // the peers' messages land only while this rank progresses its worker
-      if (s.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
+      if (s.routes.ucx) s.routes.ucx->poll();  // the peers' messages land only while this rank progresses its worker
+      if (s.gpu.staged) s.progress_staged();   // staged GPU chunks from other nodes land as this rank drains them
       if (backoff.pause()) {
-        if (s.mpi && !messages) s.mpi->progress(s.comm);         // messages: deliver() progressed
-        if (s.device_window) s.device_window->progress(s.comm);  // peers' RMA on the GPU heap's window
+        if (s.routes.mpi && !messages) s.routes.mpi->progress(s.comms.comm);  // messages: deliver() progressed
+        if (s.gpu.window) s.gpu.window->progress(s.comms.comm);               // peers' RMA on the GPU heap's window
       }
     }
     if (timeout > 0 && (++turns & 15) == 0) {
@@ -238,7 +240,7 @@ std::vector<std::size_t> wait_impl(State& s, const char* call, std::span<const s
   // starve its peer).
   s.flush_pending_signals();
   if (ready(out)) {
-    if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, call, MPI_Win_sync(s.world_win));
+    if (s.routes.uses_mpi) UBEP_MPI_CHECK(s.comms.rank, call, MPI_Win_sync(s.heap.world_win));
     return out;
   }
   poll_until(
@@ -255,7 +257,7 @@ void State::check_wait(const char* call, std::span<const std::uint64_t> sigs, co
 
 void State::put_signal_checked(std::size_t off, const void* src, std::size_t bytes, std::size_t soff,
                                std::uint64_t value, SignalOp op, int pe, bool blocking) {
-  if (char* m = mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
+  if (char* m = routes.mapped_signals[pe]) {  // self, shm with load/store signals: a copy and one release store
     put_signal_mapped(m, off, src, bytes, soff, value, op);  // complete on return, nbi too
     return;
   }
@@ -266,10 +268,10 @@ void State::put_signal_checked(std::size_t off, const void* src, std::size_t byt
   }
   if (bytes) data.put_nbi(off, src, bytes, pe);
   if (!blocking) {
-    if (&at != mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
+    if (&at != routes.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
       at.post_signal(atomic_of(op), soff, value, pe);
     } else {
-      pending_signals.push_back({soff, value, op, pe});
+      in_flight.signals.push_back({soff, value, op, pe});
     }
     return;
   }
@@ -284,24 +286,24 @@ void State::signal_checked(std::size_t soff, std::uint64_t value, SignalOp op, i
   // stream to one peer, so the data still in flight to the other ucx peers is flushed first (one round trip for
   // all of them). Not for a signal to this rank itself: its own word, which it observes itself, after its own
   // puts to itself (complete on return, or earlier in its ucx stream to itself).
-  const bool order = after_every_put && ucx && pe != rank;
-  if (char* m = mapped_signals[pe]; m != nullptr && !order) {
+  const bool order = after_every_put && routes.ucx && pe != comms.rank;
+  if (char* m = routes.mapped_signals[pe]; m != nullptr && !order) {
     apply_posted(m, soff, atomic_of(op), value);
     return;
   }
   Transport& at = atomics_of(pe);
   if (order) {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // shm data before a UCX signal
-    ucx->order_before_signal(pe);
-    if (char* m = mapped_signals[pe]) {
+    routes.ucx->order_before_signal(pe);
+    if (char* m = routes.mapped_signals[pe]) {
       apply_posted(m, soff, atomic_of(op), value);
       return;
     }
   }
-  if (&at != mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
+  if (&at != routes.mpi.get()) {  // only MPI signals are deferred (see issue_pending_signals)
     at.post_signal(atomic_of(op), soff, value, pe);
   } else {
-    pending_signals.push_back({soff, value, op, pe});
+    in_flight.signals.push_back({soff, value, op, pe});
   }
 }
 
@@ -383,7 +385,7 @@ std::uint64_t Context::wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64
   s.flush_pending_signals();
   std::uint64_t v = detail::load(sig);
   if (compare(v, cmp, value)) {  // no allocation, no clock
-    if (s.uses_mpi) UBEP_MPI_CHECK(s.rank, "wait_until", MPI_Win_sync(s.world_win));
+    if (s.routes.uses_mpi) UBEP_MPI_CHECK(s.comms.rank, "wait_until", MPI_Win_sync(s.heap.world_win));
     return v;
   }
   // One word: polled as one load, without wait_impl's vector of satisfied indices, whose allocation and

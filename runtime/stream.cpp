@@ -60,14 +60,14 @@ void check_cuda(const State& s, const char* call, int rc, const char* what) {
 /// share a page); the device address of each peer's heap.
 void register_heaps(State& s, const char* call, GpuStreams& g) {
   std::vector<HostRange> ranges;
-  for (int pe = 0; pe < s.size; ++pe) {
-    if (const char* m = s.mapped[pe]) {
+  for (int pe = 0; pe < s.comms.size; ++pe) {
+    if (const char* m = s.routes.mapped[pe]) {
       const auto b = reinterpret_cast<std::uintptr_t>(m);
-      ranges.push_back({b, b + s.heap_size, {pe}});
+      ranges.push_back({b, b + s.heap.size, {pe}});
     }
   }
   const std::vector<HostRange> merged = merge_host_ranges(std::move(ranges), 4096);
-  g.device_heap.assign(s.size, nullptr);
+  g.device_heap.assign(s.comms.size, nullptr);
   for (const HostRange& r : merged) {
     void* device = nullptr;
     auto* host = reinterpret_cast<void*>(r.begin);
@@ -76,7 +76,8 @@ void register_heaps(State& s, const char* call, GpuStreams& g) {
     if (here) g.registered.push_back(host);  // undone by ~GpuStreams, also when the next line throws
     check_cuda(s, call, rc, "cudaHostRegister of the node's symmetric heaps");
     for (int pe : r.pes) {
-      g.device_heap[pe] = static_cast<char*>(device) + (reinterpret_cast<std::uintptr_t>(s.mapped[pe]) - r.begin);
+      g.device_heap[pe] =
+          static_cast<char*>(device) + (reinterpret_cast<std::uintptr_t>(s.routes.mapped[pe]) - r.begin);
     }
   }
 }
@@ -85,23 +86,23 @@ void register_heaps(State& s, const char* call, GpuStreams& g) {
 /// The checks every stream call makes after its argument checks, in this order: `pe` reached by load/store
 /// (route and signals), a build with the kernels, a GPU; then the first call registers the heaps.
 GpuStreams& stream_peer(State& s, const char* call, int pe) {
-  if (s.mapped_signals[pe] == nullptr) {
-    std::string why = "rank " + std::to_string(pe) + " is on the " + to_string(s.routes[pe]) + " route";
-    if (s.mapped[pe] != nullptr) why = "the signals to rank " + std::to_string(pe) + " go through MPI";
+  if (s.routes.mapped_signals[pe] == nullptr) {
+    std::string why = "rank " + std::to_string(pe) + " is on the " + to_string(s.routes.route[pe]) + " route";
+    if (s.routes.mapped[pe] != nullptr) why = "the signals to rank " + std::to_string(pe) + " go through MPI";
     s.fail(Errc::unsupported, call,
            why +
                ": stream-ordered calls reach peers by load/store only (route self or shm, load/store "
                "atomics); the staged path to other nodes is not built yet");
   }
 #if UBEP_HAVE_CUDA_KERNELS
-  if (!s.gpu_streams) {
+  if (!s.gpu.streams) {
     const GpuStatus& g = gpu_status();
     if (!g.available) s.fail(Errc::unsupported, call, "no usable GPU here: " + g.reason);
     auto streams = std::make_unique<GpuStreams>();
     register_heaps(s, call, *streams);  // on a throw, the registrations made so far are undone
-    s.gpu_streams = std::move(streams);
+    s.gpu.streams = std::move(streams);
   }
-  return *s.gpu_streams;
+  return *s.gpu.streams;
 #else
   s.fail(Errc::unsupported, call,
          UBEP_HAVE_CUDA ? "this libubep was built without nvcc, so without its GPU kernels (UBEP_WITH_CUDA)"
@@ -130,7 +131,7 @@ void signal_on_stream(State& s, const char* call, GpuStreams& g, std::size_t sof
     check_cuda(s, call, cuda::signal_op_async(stream, sig, value, op), "the signal kernel's launch");
     return;
   }
-  auto* add = new HostAdd{s.mapped_signals[pe], soff, value};
+  auto* add = new HostAdd{s.routes.mapped_signals[pe], soff, value};
   const int rc = cuda::host_func_async(stream, apply_host_add, add);
   if (rc != 0) delete add;
   check_cuda(s, call, rc, "cudaLaunchHostFunc of the signal add");
@@ -205,9 +206,9 @@ StreamWait Context::wait_until_on_stream(const std::uint64_t* sig, Cmp cmp, std:
   constexpr const char* call = "wait_until_on_stream";
   State& s = *state_;
   s.check_wait(call, std::span<const std::uint64_t>(sig, 1), opts);
-  detail::GpuStreams& g = detail::stream_peer(s, call, s.rank);
+  detail::GpuStreams& g = detail::stream_peer(s, call, s.comms.rank);
   StreamWait::Wait w;
-  w.offset = static_cast<std::size_t>(reinterpret_cast<const char*>(sig) - s.base);
+  w.offset = static_cast<std::size_t>(reinterpret_cast<const char*>(sig) - s.heap.base);
   w.cmp = cmp;
   w.value = value;
   w.timeout_s = (opts.timeout ? *opts.timeout : s.options.wait_timeout).count();
@@ -217,9 +218,9 @@ StreamWait Context::wait_until_on_stream(const std::uint64_t* sig, Cmp cmp, std:
   detail::StreamWaitSlot* slot = detail::take_slot(s, call, g);
   const double ns = w.timeout_s * 1e9;
   const std::uint64_t timeout_ns = ns <= 0 ? 0 : ns >= 1.8e19 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(ns);
-  const int rc =
-      detail::cuda::wait_until_async(stream, reinterpret_cast<const std::uint64_t*>(g.device_heap[s.rank] + w.offset),
-                                     cmp, value, timeout_ns, slot->device);
+  const int rc = detail::cuda::wait_until_async(
+      stream, reinterpret_cast<const std::uint64_t*>(g.device_heap[s.comms.rank] + w.offset), cmp, value, timeout_ns,
+      slot->device);
   if (rc != 0) g.free_slots.push_back(slot);
   detail::check_cuda(s, call, rc, "the wait kernel's launch");
   return StreamWait(state_, slot, std::move(w));
@@ -254,9 +255,9 @@ std::uint64_t slot_state(const detail::StreamWaitSlot* slot) {
 #endif
 
 StreamWait::~StreamWait() {
-  if (!state_ || !slot_ || state_->finalized || !state_->gpu_streams) return;
+  if (!state_ || !slot_ || state_->finalized || !state_->gpu.streams) return;
 #if UBEP_HAVE_CUDA_KERNELS
-  if (slot_state(slot_) != detail::cuda::StreamWaitStatus::pending) state_->gpu_streams->free_slots.push_back(slot_);
+  if (slot_state(slot_) != detail::cuda::StreamWaitStatus::pending) state_->gpu.streams->free_slots.push_back(slot_);
 #endif
 }
 
@@ -288,7 +289,7 @@ std::uint64_t StreamWait::result() const {
       << " s on the GPU's clock (UBEP_WAIT_TIMEOUT or WaitOptions::timeout: " << wait_.timeout_s
       << " s) in wait_until_on_stream";
   if (!wait_.what.empty()) msg << " waiting for " << wait_.what;
-  msg << "; the stream went on\n  signal (rank " << s.rank << ", heap offset " << wait_.offset
+  msg << "; the stream went on\n  signal (rank " << s.comms.rank << ", heap offset " << wait_.offset
       << ") = " << status.observed << ", waiting for " << to_string(wait_.cmp) << " " << wait_.value;
   if (wait_.writers.empty()) {
     msg << "; writers unknown (pass WaitOptions::writers to name them)";

@@ -769,11 +769,11 @@ TEST(Issue34Wire, EarlyMessagesWaitForTheirTurn) {
     detail::ucx_wire::Msg signal = forged(u, 1, 0, detail::ucx_wire::atomic_post);
     const std::uint64_t v = 77;
     data.offset = static_cast<std::uint64_t>(reinterpret_cast<char*>(obj.data()) -
-                                             reinterpret_cast<char*>(detail::TestAccess::state(ctx).base));
+                                             reinterpret_cast<char*>(detail::TestAccess::state(ctx).heap.base));
     data.bytes = sizeof v;
     signal.op = detail::ucx_wire::op_set;
     signal.offset = static_cast<std::uint64_t>(reinterpret_cast<char*>(sig.data()) -
-                                               reinterpret_cast<char*>(detail::TestAccess::state(ctx).base));
+                                               reinterpret_cast<char*>(detail::TestAccess::state(ctx).heap.base));
     signal.value = 2;
     u.send_raw_for_testing(0, signal, nullptr, 0);  // its turn comes after `data`
     u.send_raw_for_testing(0, data, &v, sizeof v);

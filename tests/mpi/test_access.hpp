@@ -15,7 +15,7 @@ struct TestAccess {
   static State& state(Context& ctx) { return *ctx.state_; }
 #if UBEP_HAVE_UCX
   /// The ucx transport of ctx, or null when UCX is not in use.
-  static UcxTransport* ucx(Context& ctx) { return static_cast<UcxTransport*>(ctx.state_->ucx.get()); }
+  static UcxTransport* ucx(Context& ctx) { return static_cast<UcxTransport*>(ctx.state_->routes.ucx.get()); }
 #endif
 };
 
