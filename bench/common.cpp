@@ -217,8 +217,9 @@ Bench::Bench(std::string name, std::string description, const Settings& settings
   UBEP_BENCH_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   UBEP_BENCH_MPI(MPI_Comm_rank(comm_, &rank_));
   spin_only_ = (settings_.binding.by == "ubep" || settings_.binding.by == "launcher") &&
-               std::none_of(contexts_.begin(), contexts_.end(),
-                            [](const ubep::Context* c) { return c->options().progress_thread; });
+               std::none_of(contexts_.begin(), contexts_.end(), [](const ubep::Context* c) {
+                 return c->options().progress_thread == ubep::ProgressThread::on;
+               });
   const int peer = 1 - rank_;
   for (ubep::Context* c : contexts_) routes_.push_back({route_name(c->route(peer)), c, c == contexts_.front()});
   std::sort(routes_.begin(), routes_.end(),
@@ -580,7 +581,8 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
   // auto: the level OSU's benchmarks run at (MPI_Init: no thread support is asked for, so MPI takes no
   // locks), unless ubep needs MPI_THREAD_MULTIPLE for UBEP_PROGRESS_THREAD.
   std::string thread = thread_flag(argc, argv);
-  int requested = ubep::Options::from_env().progress_thread ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE;
+  int requested =
+      ubep::Options::from_env().progress_thread == ubep::ProgressThread::on ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE;
   for (const ThreadLevel& t : kThreadLevels) {
     if (thread == t.flag) requested = t.value;
   }

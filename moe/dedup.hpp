@@ -219,7 +219,7 @@ struct Layer::Dedup {
       }
     }
     for (int p = 0; p < P; ++p) writers[g.R + p] = p;
-    schedule = ubep::schedule(ctx.topology(), me, parse_schedule(ctx.options().schedule));
+    schedule = ubep::schedule(ctx.topology(), me, ctx.options().schedule);
     order.resize(P);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return g.node[a] < g.node[b]; });

@@ -229,6 +229,32 @@ std::int64_t topology_file_hash(const std::string& path) {
   return hash_text(text.str()) | 1;  // never 0 (unset) or -1
 }
 
+// Every setting of the table marked collective must agree across ranks: a heap of a different size would give
+// different offsets, a topology file on some ranks only is a broadcast the others never join, a progress thread
+// is a communicator dup, the probe is a ping-pong, signal kinds would mix protocols on one word. Each rank
+// agrees on a hash of each value (of the file's contents for UBEP_TOPOLOGY_FILE: unset 0, unreadable -1); the
+// labels carry this rank's value, so a mismatch names the variable and what each rank holds.
+void agree_settings(detail::State& s, const char* call) {
+  constexpr std::size_t kPerCall = 8;  // values one collective record carries
+  std::vector<std::int64_t> values;
+  std::vector<std::string> labels;
+  for (const Setting& row : settings()) {
+    if (!row.collective) continue;
+    const std::string value = row.value(s.options);
+    if (std::string_view(row.name) == "UBEP_TOPOLOGY_FILE") {
+      values.push_back(topology_file_hash(s.options.topology_file));
+      labels.push_back("hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)");
+    } else {
+      values.push_back(hash_text(value));
+      labels.push_back("hash(" + std::string(row.name) + "=" + value + ")");
+    }
+  }
+  for (std::size_t i = 0; i < values.size(); i += kPerCall) {
+    const std::size_t n = std::min(kPerCall, values.size() - i);
+    s.collective(call, detail::CollKind::create, std::span(values).subspan(i, n), std::span(labels).subspan(i, n));
+  }
+}
+
 // A Context() that initialized MPI and then failed leaves MPI running (finalizing it is collective, and
 // the caller may retry, e.g. with a smaller heap): the next Context() owns it and finalizes it.
 bool mpi_left_by_failed_context = false;
@@ -301,35 +327,8 @@ void build(State& s, MPI_Comm user_comm) {
   MPI_Comm_size(s.comm, &s.size);
   set_errors_return(s, s.comm);
 
-  // Collective settings must agree: a heap of a different size would give different offsets.
-  std::string transports;
-  for (const auto& t : s.options.transports) transports += t + ",";
   s.heap_size = (s.options.heap_size + 4095) & ~std::size_t{4095};  // also works around MPICH 4.0.2 (64-byte rule)
-  s.collective(call, detail::CollKind::create,
-               {static_cast<std::int64_t>(s.heap_size), hash_text(transports), hash_text(s.options.virtual_nodes)},
-               {"UBEP_HEAP_SIZE", "hash(UBEP_TRANSPORTS)", "hash(UBEP_VIRTUAL_NODES)"});
-
-  // Settings that change collective behaviour must agree too: a topology file on some ranks only is a
-  // broadcast that the others never join; a progress thread is a communicator dup; the probe is a
-  // ping-pong; signal kinds would mix protocols on one word. Unset or unreadable file: 0 / -1.
-  s.collective(call, detail::CollKind::create,
-               {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0,
-                s.options.progress_thread       ? 1
-                : s.options.ucx_progress_thread ? 2
-                                                : 0,
-                s.options.mpi_signal_message ? 2
-                : s.options.mpi_signal_put   ? 1
-                                             : 0,
-                hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0,
-                static_cast<std::int64_t>(s.options.gpu_heap_size), s.options.gpu_emulate ? 1 : 0},
-               {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE",
-                "UBEP_PROGRESS_THREAD (0 off, 1 on, 2 auto)", "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)",
-                "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE", "UBEP_GPU_EMULATE"});
-  // How GPU-heap data reaches other nodes: a staged route of different chunks, or a window on some ranks
-  // only, would be a different protocol or a collective that the others never join.
-  s.collective(call, detail::CollKind::create,
-               {static_cast<std::int64_t>(s.options.gpu_staging_chunk), hash_text(s.options.gpu_mpi_window)},
-               {"UBEP_GPU_STAGING_CHUNK", "hash(UBEP_GPU_MPI_WINDOW)"});
+  agree_settings(s, call);
   check_gpu(s);
 
   const std::vector<int> vnodes = detail::parse_virtual_nodes(s.options.virtual_nodes, s.size);
@@ -400,13 +399,14 @@ void build(State& s, MPI_Comm user_comm) {
   }
 
   // The route table: the cheapest allowed transport that reaches each peer.
+  const std::string transports = setting("UBEP_TRANSPORTS").value(s.options);
   const bool self_ok = allowed(s.options, "self"), shm_ok = allowed(s.options, "shm"),
              mpi_ok = allowed(s.options, "mpi"), ucx_ok = allowed(s.options, "ucx");
   if (ucx_ok && !UBEP_HAVE_UCX) {
     s.fail(Errc::unsupported, call,
            "UBEP_TRANSPORTS=" + transports + " names ucx, but this build has no UCX (apt-get install libucx-dev)");
   }
-  if (UBEP_SIMGRID && (shm_ok || s.options.progress_thread)) {
+  if (UBEP_SIMGRID && (shm_ok || s.options.progress_thread == ProgressThread::on)) {
     s.fail(Errc::unsupported, call,
            std::string("this is a SimGrid build, which simulates MPI only: ") +
                (shm_ok ? "UBEP_TRANSPORTS=" + transports + " names shm (use self,mpi)"
@@ -438,9 +438,11 @@ void build(State& s, MPI_Comm user_comm) {
   if (ucx_any) {
     // A progress thread beside the caller's (UBEP_PROGRESS_THREAD=1, or the ucx route's own: auto): agreed by
     // every rank, and so is this flag, which also chooses UCX's features.
-    const bool threaded = s.options.progress_thread || (s.options.ucx_progress_thread && !UBEP_SIMGRID);
-    s.ucx = std::make_unique<detail::UcxTransport>(s.comm, s.rank, s.size, s.base, s.heap_size, s.options.ucx_mode,
-                                                   s.options.wait_timeout, s.options.poll, threaded);
+    const bool threaded = s.options.progress_thread == ProgressThread::on ||
+                          (s.options.progress_thread != ProgressThread::off && !UBEP_SIMGRID);
+    s.ucx = std::make_unique<detail::UcxTransport>(s.comm, s.rank, s.size, s.base, s.heap_size,
+                                                   to_string(s.options.ucx_mode), s.options.wait_timeout,
+                                                   s.options.poll, threaded);
   }
 #endif
   // Every rank must agree on whether the world window exists (its creation is collective).
@@ -468,14 +470,14 @@ void build(State& s, MPI_Comm user_comm) {
     for (int pe = 0; pe < s.size; ++pe) {
       if (pe != s.rank && s.routes[pe] == Route::mpi) off_host[pe] = 1;
     }
-    if (s.options.mpi_signal_message) UBEP_MPI_CHECK(s.rank, call, MPI_Comm_dup(s.comm, &s.signal_comm));
+    if (s.options.mpi_signal == MpiSignal::message) UBEP_MPI_CHECK(s.rank, call, MPI_Comm_dup(s.comm, &s.signal_comm));
     // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE (and
     // threads that call MPI, which SimGrid's simulated ranks cannot have).
     s.mpi = std::make_unique<detail::MpiRmaTransport>(
-        s.world_win, s.rank, s.size, s.options.mpi_signal_put,
-        !UBEP_SIMGRID && s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off",
-        s.options.mpi_bounded == "all", std::move(off_host), s.options.wait_timeout, s.options.poll, s.signal_comm,
-        s.base, s.heap_size);
+        s.world_win, s.rank, s.size, s.options.mpi_signal == MpiSignal::put,
+        !UBEP_SIMGRID && s.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != MpiBounded::off,
+        s.options.mpi_bounded == MpiBounded::all, std::move(off_host), s.options.wait_timeout, s.options.poll,
+        s.signal_comm, s.base, s.heap_size);
   }
   s.uses_mpi = need_mpi;
   s.load_store = std::make_unique<detail::LoadStoreTransport>(bases);
@@ -509,7 +511,7 @@ void build(State& s, MPI_Comm user_comm) {
   s.topology = detail::gather_topology(s.comm, s.options, vnodes);
   s.node_id = s.topology.node_of(s.rank);
 
-  if (s.options.progress_thread) {
+  if (s.options.progress_thread == ProgressThread::on) {
     if (s.thread_level != MPI_THREAD_MULTIPLE) {
       s.fail(Errc::unsupported, call,
              "UBEP_PROGRESS_THREAD=1 needs MPI_THREAD_MULTIPLE (MPI was initialized with a lower level)");
@@ -529,7 +531,7 @@ void build(State& s, MPI_Comm user_comm) {
                       std::to_string(s.options.progress_interval_us) + " us (UBEP_PROGRESS_THREAD=1)";
   }
 #if UBEP_HAVE_UCX
-  else if (s.ucx && s.options.ucx_progress_thread) {
+  else if (s.ucx && s.options.progress_thread != ProgressThread::off) {
     // The ucx route's thread: asleep on the worker's event fd until a message arrives for this rank, then it
     // runs the handlers and sends the answers (and moves the staged GPU route on), so peers' quiet(), gets and
     // atomics complete while this rank computes or sits in a plain MPI call. It calls no MPI.

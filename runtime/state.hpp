@@ -232,6 +232,8 @@ class State {
   /// `names` label the arguments in the error message.
   void collective(const char* call, CollKind kind, std::initializer_list<std::int64_t> args,
                   std::initializer_list<const char*> names = {});
+  void collective(const char* call, CollKind kind, std::span<const std::int64_t> args,
+                  std::span<const std::string> names);
   /// Polls `req` to completion with the back-off and the wait timeout.
   void wait_request(const char* call, MPI_Request& req, const char* what);
 
