@@ -127,8 +127,9 @@ int main(int argc, char** argv) {
     const char* const names[] = {"0 (off)", "auto", "1 (full)"};
     for (int mode = 0; mode < 3; ++mode) {
       ubep::Options o = base;
-      o.progress_thread = mode == 2;
-      o.ucx_progress_thread = mode >= 1;
+      o.progress_thread = mode == 2   ? ubep::ProgressThread::on
+                          : mode == 1 ? ubep::ProgressThread::automatic
+                                      : ubep::ProgressThread::off;
       ubep::Context ctx(MPI_COMM_WORLD, o);
       route = ubep::to_string(ctx.route(1 - rank));
       rows.push_back(measure(ctx, bytes, work, repeats));

@@ -103,7 +103,7 @@ int run(const Args& a, const Comm& comm) {
   const bool root = rank == 0;
   const ubep::Options base = ubep::Options::from_env();
   const std::vector<std::string> schedules =
-      a.schedules.empty() ? std::vector<std::string>{base.schedule} : a.schedules;
+      a.schedules.empty() ? std::vector<std::string>{ubep::to_string(base.schedule)} : a.schedules;
   const moe::DType dtype = moe::parse_dtype(a.dtype);
   for (const std::string& s : schedules) (void)ubep::parse_schedule(s);  // throws on a bad name, before any work
   std::vector<moe::Combine> modes;
@@ -253,7 +253,7 @@ int run(const Args& a, const Comm& comm) {
         for (const moe::Combine m : modes) {
           ubep::Options o = base;
           if (route != "default") o.transports = {"self", "shm", route};
-          o.schedule = s;
+          o.schedule = ubep::parse_schedule(s);
           o.heap_size = heap;
           o.gpu_heap_size = gpu_heap;
           o.run_ahead = run_ahead;

@@ -103,8 +103,9 @@ Bench::Bench(std::string name, std::string description, const Settings& settings
   UBEP_BENCH_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   UBEP_BENCH_MPI(MPI_Comm_rank(comm_, &rank_));
   spin_only_ = (settings_.binding.by == "ubep" || settings_.binding.by == "launcher") &&
-               std::none_of(contexts_.begin(), contexts_.end(),
-                            [](const ubep::Context* c) { return c->options().progress_thread; });
+               std::none_of(contexts_.begin(), contexts_.end(), [](const ubep::Context* c) {
+                 return c->options().progress_thread == ubep::ProgressThread::on;
+               });
   const int peer = 1 - rank_;
   for (ubep::Context* c : contexts_) routes_.push_back({route_name(c->route(peer)), c, c == contexts_.front()});
   std::sort(routes_.begin(), routes_.end(),

@@ -109,7 +109,8 @@ int run_benchmark(int argc, char** argv, const Spec& spec, const std::function<v
   // auto: the level OSU's benchmarks run at (MPI_Init: no thread support is asked for, so MPI takes no
   // locks), unless ubep needs MPI_THREAD_MULTIPLE for UBEP_PROGRESS_THREAD.
   std::string thread = thread_flag(argc, argv);
-  int requested = ubep::Options::from_env().progress_thread ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE;
+  int requested =
+      ubep::Options::from_env().progress_thread == ubep::ProgressThread::on ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE;
   for (const ThreadLevel& t : kThreadLevels) {
     if (thread == t.flag) requested = t.value;
   }

@@ -136,7 +136,7 @@ Layer::Dedup::Dedup(Layer& parent, Context& context)
     }
   }
   for (int p = 0; p < ranks; ++p) writer_of[shape.release_signals + p] = p;
-  schedule = ubep::schedule(ctx.topology(), rank, parse_schedule(ctx.options().schedule));
+  schedule = ubep::schedule(ctx.topology(), rank, ctx.options().schedule);
   reduction_order.resize(ranks);
   std::iota(reduction_order.begin(), reduction_order.end(), 0);
   std::stable_sort(reduction_order.begin(), reduction_order.end(),

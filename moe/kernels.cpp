@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ubep/error.hpp"
+#include "ubep/options.hpp"
 
 namespace ubep::moe {
 
@@ -80,25 +81,28 @@ constexpr KernelPath kPaths[] = {KernelPath::portable, KernelPath::avx2, KernelP
 
 std::atomic<const RowKernels*> g_active{nullptr};
 
-/// UBEP_MOE_KERNELS as a path; throws as active_path() documents.
-KernelPath path_from_env() {
-  const char* v = std::getenv("UBEP_MOE_KERNELS");
-  const std::string name = v ? v : "";
-  if (name.empty() || name == "auto") {
+/// A setting of UBEP_MOE_KERNELS as a path; throws Errc::unsupported for a path this CPU does not run.
+KernelPath path_of(MoeKernels k) {
+  if (k == MoeKernels::automatic) {
     for (const KernelPath p : {KernelPath::avx512, KernelPath::avx2})
       if (supported(p)) return p;
     return KernelPath::portable;
   }
-  for (const KernelPath p : kPaths) {
-    if (name != to_string(p)) continue;
-    if (!supported(p)) {
-      throw Error(Errc::unsupported, "ubep: moe: UBEP_MOE_KERNELS=" + name +
-                                         ": this CPU (or this build) does not run it; auto picks the fastest it runs");
-    }
-    return p;
+  const KernelPath p = k == MoeKernels::avx512 ? KernelPath::avx512
+                       : k == MoeKernels::avx2 ? KernelPath::avx2
+                                               : KernelPath::portable;
+  if (!supported(p)) {
+    throw Error(Errc::unsupported, std::string("ubep: moe: UBEP_MOE_KERNELS=") + to_string(p) +
+                                       ": this CPU (or this build) does not run it; auto picks the fastest it runs");
   }
-  throw Error(Errc::invalid_argument,
-              "ubep: moe: UBEP_MOE_KERNELS='" + name + "' is not a kernel path (auto, portable, avx2, avx512)");
+  return p;
+}
+
+/// UBEP_MOE_KERNELS from the environment, read through the settings table (a bad name: Errc::invalid_argument).
+KernelPath path_from_env() {
+  Options o;
+  setting("UBEP_MOE_KERNELS").read_env(o);
+  return path_of(o.moe_kernels);
 }
 
 /// The active set (resolved from the environment at the first call).
@@ -140,6 +144,12 @@ const RowKernels& row_kernels(KernelPath p) noexcept {
 bool supported(KernelPath p) noexcept { return p == KernelPath::portable; }
 const RowKernels& row_kernels(KernelPath) noexcept { return kPortable; }
 #endif
+
+void choose_kernels(MoeKernels k) {
+  if (g_active.load(std::memory_order_acquire)) return;
+  const RowKernels* expected = nullptr;
+  g_active.compare_exchange_strong(expected, &row_kernels(path_of(k)), std::memory_order_acq_rel);
+}
 
 KernelPath active_path() {
   const RowKernels* k = g_active.load(std::memory_order_acquire);

@@ -26,6 +26,9 @@ const RowKernels& row_kernels(KernelPath p) noexcept;
 /// auto (or unset) is the fastest supported path. Throws Errc::invalid_argument naming the variable for an
 /// unknown name, Errc::unsupported for a path this CPU does not run (and again at every later call).
 KernelPath active_path();
+/// The first MoE layer of the process: makes its context's UBEP_MOE_KERNELS the path, unless a path is already
+/// chosen. Throws Errc::unsupported for a path this CPU does not run.
+void choose_kernels(MoeKernels k);
 /// Tests and bench/micro: makes `p` the path of the loops below for the whole process (it must be supported).
 void set_active_path(KernelPath p);
 

@@ -171,7 +171,7 @@ Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"
   }
   impl_->heap = need;
   impl_->received.assign(S, 0);
-  impl_->schedule = ubep::schedule(ctx.topology(), rank_, parse_schedule(ctx.options().schedule));
+  impl_->schedule = ubep::schedule(ctx.topology(), rank_, ctx.options().schedule);
   impl_->peers.resize(P);
   std::iota(impl_->peers.begin(), impl_->peers.end(), 0);
   for (int row = 0; row <= map_.max_local(); ++row) {

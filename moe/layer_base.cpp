@@ -48,6 +48,7 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
   size_ = ctx.size();
   const std::string pre = "ubep: rank " + std::to_string(rank_) + ": " + who + ": ";
   auto bad = [&](const std::string& what) { throw Error(Errc::invalid_argument, pre + what); };
+  choose_kernels(ctx.options().moe_kernels);  // UBEP_MOE_KERNELS: the first layer of the process picks
   // Before any collective, so that a config every rank shares fails on every rank alike.
   if (!valid(c.dtype)) {
     bad("dtype=" + std::to_string(static_cast<int>(c.dtype)) + " is not a moe::DType (f32=0, bf16=1, e4m3=2)");

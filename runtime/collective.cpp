@@ -152,6 +152,12 @@ void State::wait_request(const char* call, MPI_Request& req, const char* what) {
 
 void State::collective(const char* call, CollKind kind, std::initializer_list<std::int64_t> args,
                        std::initializer_list<const char*> names) {
+  const std::vector<std::string> labels(names.begin(), names.end());
+  collective(call, kind, std::span<const std::int64_t>(args.begin(), args.size()), labels);
+}
+
+void State::collective(const char* call, CollKind kind, std::span<const std::int64_t> args,
+                       std::span<const std::string> names) {
   constexpr int kFields = 10;
   // Both are the caller's situation, not a bug in ubep: a peer that never joined an earlier collective
   // (its request is still pending inside MPI), or more values than one record carries.
@@ -208,7 +214,7 @@ void State::collective(const char* call, CollKind kind, std::initializer_list<st
   std::ostringstream msg;
   msg << "collective mismatch: this rank called " << to_string(kind) << " (call #" << mine[1];
   std::size_t n = 0;
-  for (const char* name : names) {
+  for (const std::string& name : names) {
     if (n + 2 >= kFields) break;
     msg << ", " << name << "=" << mine[n + 2];
     ++n;
@@ -223,7 +229,7 @@ void State::collective(const char* call, CollKind kind, std::initializer_list<st
     msg << "; ranks are at different call numbers (" << lo(1) << ".." << hi(1) << ")";
   }
   n = 0;
-  for (const char* name : names) {
+  for (const std::string& name : names) {
     const int f = static_cast<int>(n + 2);
     if (f >= kFields) break;
     if (lo(f) != hi(f)) msg << "; " << name << " ranges over [" << lo(f) << ", " << hi(f) << "] across ranks";

@@ -119,45 +119,35 @@ void init_mpi(State& s, const char* call, MPI_Comm user_comm) {
   set_errors_return(s, s.comms.comm);
 }
 
-// Phase 2: every rank agrees on the settings that change collective behaviour.
+// Phase 2: every setting of the table marked collective agrees across ranks: a heap of a different size would
+// give different offsets, a topology file on some ranks only is a broadcast the others never join, a progress
+// thread is a communicator dup, the probe is a ping-pong, signal kinds would mix protocols on one word. Each
+// rank agrees on a hash of each value (of the file's contents for UBEP_TOPOLOGY_FILE: unset 0, unreadable -1);
+// the labels carry this rank's value, so a mismatch names the variable and what each rank holds.
 void agree_settings(State& s, const char* call) {
-  // Collective settings must agree: a heap of a different size would give different offsets.
-  std::string transports;
-  for (const auto& t : s.options.transports) transports += t + ",";
   s.heap.size = (s.options.heap_size + 4095) & ~std::size_t{4095};  // also works around MPICH 4.0.2 (64-byte rule)
-  s.collective(call, detail::CollKind::create,
-               {static_cast<std::int64_t>(s.heap.size), hash_text(transports), hash_text(s.options.virtual_nodes)},
-               {"UBEP_HEAP_SIZE", "hash(UBEP_TRANSPORTS)", "hash(UBEP_VIRTUAL_NODES)"});
-
-  // Settings that change collective behaviour must agree too: a topology file on some ranks only is a
-  // broadcast that the others never join; a progress thread is a communicator dup; the probe is a
-  // ping-pong; signal kinds would mix protocols on one word. Unset or unreadable file: 0 / -1.
-  s.collective(call, detail::CollKind::create,
-               {topology_file_hash(s.options.topology_file), s.options.topology_probe ? 1 : 0,
-                s.options.progress_thread       ? 1
-                : s.options.ucx_progress_thread ? 2
-                                                : 0,
-                s.options.mpi_signal_message ? 2
-                : s.options.mpi_signal_put   ? 1
-                                             : 0,
-                hash_text(s.options.ucx_mode), s.options.gpu ? 1 : 0,
-                static_cast<std::int64_t>(s.options.gpu_heap_size), s.options.gpu_emulate ? 1 : 0},
-               {"hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)", "UBEP_TOPOLOGY_PROBE",
-                "UBEP_PROGRESS_THREAD (0 off, 1 on, 2 auto)", "UBEP_MPI_SIGNAL (0 accumulate, 1 put, 2 message)",
-                "hash(UBEP_UCX_MODE)", "UBEP_GPU", "UBEP_GPU_HEAP_SIZE", "UBEP_GPU_EMULATE"});
-  // How GPU-heap data reaches other nodes: a staged route of different chunks, or a window on some ranks
-  // only, would be a different protocol or a collective that the others never join.
-  s.collective(call, detail::CollKind::create,
-               {static_cast<std::int64_t>(s.options.gpu_staging_chunk), hash_text(s.options.gpu_mpi_window)},
-               {"UBEP_GPU_STAGING_CHUNK", "hash(UBEP_GPU_MPI_WINDOW)"});
+  constexpr std::size_t kPerCall = 8;                               // values one collective record carries
+  std::vector<std::int64_t> values;
+  std::vector<std::string> labels;
+  for (const Setting& row : settings()) {
+    if (!row.collective) continue;
+    const std::string value = row.value(s.options);
+    if (std::string_view(row.name) == "UBEP_TOPOLOGY_FILE") {
+      values.push_back(topology_file_hash(s.options.topology_file));
+      labels.push_back("hash(UBEP_TOPOLOGY_FILE contents; -1 = unreadable)");
+    } else {
+      values.push_back(hash_text(value));
+      labels.push_back("hash(" + std::string(row.name) + "=" + value + ")");
+    }
+  }
+  for (std::size_t i = 0; i < values.size(); i += kPerCall) {
+    const std::size_t n = std::min(kPerCall, values.size() - i);
+    s.collective(call, detail::CollKind::create, std::span(values).subspan(i, n), std::span(labels).subspan(i, n));
+  }
 }
 
 // The transports UBEP_TRANSPORTS names, as the messages show them.
-std::string transports_list(const Options& o) {
-  std::string transports;
-  for (const auto& t : o.transports) transports += t + ",";
-  return transports;
-}
+std::string transports_list(const Options& o) { return setting("UBEP_TRANSPORTS").value(o); }
 
 // Phase 4: the node communicator and the node's ranks; returns which peers are off this host.
 std::vector<std::uint8_t> split_node(State& s, const char* call, const std::vector<int>& vnodes) {
@@ -253,7 +243,7 @@ RouteNeeds build_routes(State& s, const char* call, const std::vector<char*>& ba
     s.fail(Errc::unsupported, call,
            "UBEP_TRANSPORTS=" + transports + " names ucx, but this build has no UCX (apt-get install libucx-dev)");
   }
-  if (UBEP_SIMGRID && (shm_ok || s.options.progress_thread)) {
+  if (UBEP_SIMGRID && (shm_ok || s.options.progress_thread == ProgressThread::on)) {
     s.fail(Errc::unsupported, call,
            std::string("this is a SimGrid build, which simulates MPI only: ") +
                (shm_ok ? "UBEP_TRANSPORTS=" + transports + " names shm (use self,mpi)"
@@ -290,10 +280,11 @@ void start_ucx([[maybe_unused]] State& s, [[maybe_unused]] const char* call, [[m
   if (ucx_any) {
     // A progress thread beside the caller's (UBEP_PROGRESS_THREAD=1, or the ucx route's own: auto): agreed by
     // every rank, and so is this flag, which also chooses UCX's features.
-    const bool threaded = s.options.progress_thread || (s.options.ucx_progress_thread && !UBEP_SIMGRID);
-    s.routes.ucx =
-        std::make_unique<detail::UcxTransport>(s.comms.comm, s.comms.rank, s.comms.size, s.heap.base, s.heap.size,
-                                               s.options.ucx_mode, s.options.wait_timeout, s.options.poll, threaded);
+    const bool threaded = s.options.progress_thread == ProgressThread::on ||
+                          (s.options.progress_thread != ProgressThread::off && !UBEP_SIMGRID);
+    s.routes.ucx = std::make_unique<detail::UcxTransport>(s.comms.comm, s.comms.rank, s.comms.size, s.heap.base,
+                                                          s.heap.size, to_string(s.options.ucx_mode),
+                                                          s.options.wait_timeout, s.options.poll, threaded);
   }
 #endif
 }
@@ -326,14 +317,14 @@ void open_world_window(State& s, const char* call, bool need_mpi, std::vector<st
     for (int pe = 0; pe < s.comms.size; ++pe) {
       if (pe != s.comms.rank && s.routes.route[pe] == Route::mpi) off_host[pe] = 1;
     }
-    if (s.options.mpi_signal_message)
+    if (s.options.mpi_signal == MpiSignal::message)
       UBEP_MPI_CHECK(s.comms.rank, call, MPI_Comm_dup(s.comms.comm, &s.comms.signal_comm));
     // Blocking MPI calls get the wait deadline on a worker thread, which needs MPI_THREAD_MULTIPLE (and
     // threads that call MPI, which SimGrid's simulated ranks cannot have).
     s.routes.mpi = std::make_unique<detail::MpiRmaTransport>(
-        s.heap.world_win, s.comms.rank, s.comms.size, s.options.mpi_signal_put,
-        !UBEP_SIMGRID && s.comms.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off",
-        s.options.mpi_bounded == "all", std::move(off_host), s.options.wait_timeout, s.options.poll,
+        s.heap.world_win, s.comms.rank, s.comms.size, s.options.mpi_signal == MpiSignal::put,
+        !UBEP_SIMGRID && s.comms.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != MpiBounded::off,
+        s.options.mpi_bounded == MpiBounded::all, std::move(off_host), s.options.wait_timeout, s.options.poll,
         s.comms.signal_comm, s.heap.base, s.heap.size);
   }
 }

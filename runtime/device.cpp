@@ -126,10 +126,10 @@ int cuda_aware_mpi() {
 /// Collective (the job spans nodes): whether an MPI window over the GPU heap carries GPU-heap data to other
 /// nodes (UBEP_GPU_MPI_WINDOW), and why; throws on every rank when "1" is refused.
 bool use_window(State& s, const char* call, std::string& why) {
-  const std::string& mode = s.options.gpu_mpi_window;
-  if (mode == "0") return false;
+  const GpuMpiWindow mode = s.options.gpu_mpi_window;
+  if (mode == GpuMpiWindow::off) return false;
   const int aware = cuda_aware_mpi();
-  if (mode == "1") {
+  if (mode == GpuMpiWindow::on) {
     agree_step(s, call, attempt([&] {
                  if (!s.options.gpu_emulate && aware == 0) {
                    s.fail(Errc::unsupported, call,
@@ -160,8 +160,8 @@ void open_window(State& s, const char* call) {
   for (const int r : s.comms.node_ranks) off_node[r] = 0;
   d.window_route = std::make_unique<MpiRmaTransport>(
       d.window, s.comms.rank, s.comms.size, false,
-      !UBEP_SIMGRID && s.comms.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != "off",
-      s.options.mpi_bounded == "all", std::move(off_node), s.options.wait_timeout, s.options.poll);
+      !UBEP_SIMGRID && s.comms.thread_level == MPI_THREAD_MULTIPLE && s.options.mpi_bounded != MpiBounded::off,
+      s.options.mpi_bounded == MpiBounded::all, std::move(off_node), s.options.wait_timeout, s.options.poll);
 }
 
 /// Collective: this rank's heap, the node peers' mapped; s.gpu.memory and s.gpu.base/size set on success.
@@ -411,10 +411,10 @@ std::string gpu_path(const State& s, int pe) {
   if (s.gpu.memory && s.gpu.memory->window_route) {
     return "MPI window: another node, MPI_Put/MPI_Get on a window over the GPU heap (" + s.gpu.memory->window_why + ")";
   }
-  if (!s.gpu.memory && s.options.gpu_mpi_window != "0") {  // decided by the first alloc_device
-    const std::string window = s.options.gpu_mpi_window == "1" ? "UBEP_GPU_MPI_WINDOW=1"
-                               : cuda_aware_mpi() == 1         ? "if every rank's MPI is CUDA-aware"
-                                                               : "";
+  if (!s.gpu.memory && s.options.gpu_mpi_window != GpuMpiWindow::off) {  // decided by the first alloc_device
+    const std::string window = s.options.gpu_mpi_window == GpuMpiWindow::on ? "UBEP_GPU_MPI_WINDOW=1"
+                               : cuda_aware_mpi() == 1                      ? "if every rank's MPI is CUDA-aware"
+                                                                            : "";
     if (!window.empty()) {
       return "MPI window: another node, MPI_Put/MPI_Get on a window over the GPU heap (" + window +
              ", decided at the first alloc_device)";

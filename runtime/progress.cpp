@@ -23,7 +23,7 @@ namespace ubep::detail {
 
 // Phase 11 of Context(): the progress thread the options ask for, if any.
 void start_progress(State& s, const char* call) {
-  if (s.options.progress_thread) {
+  if (s.options.progress_thread == ProgressThread::on) {
     if (s.comms.thread_level != MPI_THREAD_MULTIPLE) {
       s.fail(Errc::unsupported, call,
              "UBEP_PROGRESS_THREAD=1 needs MPI_THREAD_MULTIPLE (MPI was initialized with a lower level)");
@@ -43,7 +43,7 @@ void start_progress(State& s, const char* call) {
                              std::to_string(s.options.progress_interval_us) + " us (UBEP_PROGRESS_THREAD=1)";
   }
 #if UBEP_HAVE_UCX
-  else if (s.routes.ucx && s.options.ucx_progress_thread) {
+  else if (s.routes.ucx && s.options.progress_thread != ProgressThread::off) {
     // The ucx route's thread: asleep on the worker's event fd until a message arrives for this rank, then it
     // runs the handlers and sends the answers (and moves the staged GPU route on), so peers' quiet(), gets and
     // atomics complete while this rank computes or sits in a plain MPI call. It calls no MPI.

@@ -106,7 +106,7 @@ struct InFlight {
 };
 
 /// The progress thread beside the caller's (runtime/progress.cpp), if any.
-struct ProgressThread {
+struct ProgressWorker {
   std::thread thread;
   std::atomic<bool> stop{false};
   int wake_fd = -1;           // the ucx thread's stop signal (an eventfd it polls beside UCX's)
@@ -139,7 +139,7 @@ class State {
   std::uint64_t collective_seq = 0;
   bool finalized = false;
   bool broken = false;  // a collective timed out: the communicator can no longer be trusted
-  ProgressThread progress_thread;
+  ProgressWorker progress_thread;
   GpuHeap gpu;
 
   Transport& atomics_of(int pe) const { return *routes.atomics_to[pe]; }
@@ -254,6 +254,8 @@ class State {
   /// `names` label the arguments in the error message.
   void collective(const char* call, CollKind kind, std::initializer_list<std::int64_t> args,
                   std::initializer_list<const char*> names = {});
+  void collective(const char* call, CollKind kind, std::span<const std::int64_t> args,
+                  std::span<const std::string> names);
   /// Polls `req` to completion with the back-off and the wait timeout.
   void wait_request(const char* call, MPI_Request& req, const char* what);
 

@@ -23,14 +23,42 @@ const char* thread_level_name(int level) {
   return "unknown";
 }
 
+// A table cell: a '|' would end it.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (const char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+// The settings table as the Markdown of docs/SETTINGS.md: the settings for use, then those for testing.
+void print_settings_table() {
+  const ubep::Options defaults;
+  for (const bool testing : {false, true}) {
+    std::cout << (testing ? "\n### For testing\n\n" : "")
+              << "| variable | takes | default | every rank agrees | meaning |\n|---|---|---|---|---|\n";
+    for (const ubep::Setting& row : ubep::settings()) {
+      if (row.testing != testing) continue;
+      const std::string value = row.value(defaults);
+      std::cout << "| `" << row.name << "` | " << cell(row.type) << " | "
+                << (value.empty() ? "empty" : "`" + cell(value) + "`") << " | " << (row.collective ? "yes" : "no")
+                << " | " << cell(row.meaning) << " |\n";
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ubep-info: build, MPI, route table and topology of a ubep job (run it under mpirun)"};
-  bool topology = false, json = false;
+  bool topology = false, json = false, settings = false;
   app.add_flag("--topology", topology, "print placement, distance classes and schedules");
   app.add_flag("--json", json, "machine-readable output");
+  app.add_flag("--settings", settings, "print the table of UBEP_* settings (Markdown, docs/SETTINGS.md) and exit");
   CLI11_PARSE(app, argc, argv);
+  if (settings) {  // no MPI needed
+    print_settings_table();
+    return 0;
+  }
 
   try {
     ubep::Context ctx;  // initializes MPI
@@ -49,7 +77,7 @@ int main(int argc, char** argv) {
     std::string lib(version, len);
     while (!lib.empty() && (lib.back() == '\n' || lib.back() == ' ' || lib.back() == '\0')) lib.pop_back();
     if (auto nl = lib.find('\n'); nl != std::string::npos) lib = lib.substr(0, nl);
-    const auto sched = ubep::parse_schedule(ctx.options().schedule);
+    const auto sched = ctx.options().schedule;
 
     if (ctx.rank() == 0) {
       // rank 0's GPUs: ubep-info asks CUDA (a job does only under UBEP_GPU=1 or when it asks itself)

@@ -25,23 +25,6 @@ const char* to_string(Distance d) noexcept {
   return "?";
 }
 
-const char* to_string(ScheduleKind k) noexcept {
-  switch (k) {
-    case ScheduleKind::linear: return "linear";
-    case ScheduleKind::shifted: return "shifted";
-    case ScheduleKind::topology: return "topology";
-  }
-  return "?";
-}
-
-ScheduleKind parse_schedule(std::string_view name) {
-  if (name == "linear") return ScheduleKind::linear;
-  if (name == "shifted") return ScheduleKind::shifted;
-  if (name == "topology") return ScheduleKind::topology;
-  throw Error(Errc::invalid_argument,
-              "ubep: UBEP_SCHEDULE=" + std::string(name) + ": unknown schedule (expected linear, shifted or topology)");
-}
-
 namespace detail {
 
 double model_cost(Distance d, int hops, int max_known_hops) noexcept {

@@ -1,13 +1,15 @@
 /// \file options.hpp
-/// Every setting of ubep in one struct, read once from the environment (UBEP_*). A program may also build
-/// an Options by hand and pass it to the Context. All ranks must use the same values for the settings
-/// marked "collective"; the Context checks the heap size and the transports and throws otherwise.
+/// Every setting of ubep in one struct, read once from the environment (UBEP_*), and the table that defines
+/// each variable once. A program may also build an Options by hand and pass it to the Context. All ranks
+/// must use the same values for the settings marked "collective"; Context() checks them and throws otherwise.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ubep/config.hpp"
@@ -25,109 +27,120 @@ struct PollPolicy {
   /// Parses UBEP_POLL: "adaptive" (the default above), "spin" (never yield: dedicated cores), "yield"
   /// (spin 0, yield forever), or "spin=N,yield=M,sleep_max_us=K,progress_every=P" (any subset).
   static PollPolicy parse(const std::string& text);
+  bool operator==(const PollPolicy&) const = default;
 };
 
-/// The settings of a Context. Defaults are the documented defaults of the environment variables.
+/// The order in which a rank serves its peers in an all-to-all.
+enum class ScheduleKind : std::uint8_t {
+  linear,    ///< 0, 1, ..., n-1 for every rank: everyone hits rank 0 first (the incast baseline)
+  shifted,   ///< (rank + i) mod n
+  topology,  ///< far distance classes first, staggered by rank inside each class
+};
+const char* to_string(ScheduleKind k) noexcept;
+/// Parses "linear", "shifted", "topology"; throws ubep::Error (invalid_argument) otherwise (UBEP_SCHEDULE).
+ScheduleKind parse_schedule(std::string_view name);
+
+/// UBEP_UCX_MODE: how the ucx route moves data to each peer.
+enum class UcxMode : std::uint8_t {
+  automatic,  ///< "auto": rdma where the endpoint has a lane with hardware RMA and atomics, am elsewhere
+  am,         ///< active messages to every peer
+  rdma,       ///< put, fence and atomics to every peer (emulated by UCX in software without such a lane)
+};
+/// UBEP_PROGRESS_THREAD: which progress thread runs beside the application.
+enum class ProgressThread : std::uint8_t {
+  automatic,  ///< "auto": where a peer is on the ucx route, a thread that sleeps on UCX's event fd (no MPI)
+  on,         ///< "1": a thread that also calls into MPI every progress_interval_us (needs MPI_THREAD_MULTIPLE)
+  off,        ///< "0": none; a rank's own ubep calls are its only progress
+};
+/// UBEP_MPI_SIGNAL: how a signal travels on the mpi route.
+enum class MpiSignal : std::uint8_t {
+  put,         ///< a set is an 8-byte MPI_Put after the flush that completes the data; add is MPI_Accumulate
+  accumulate,  ///< MPI_Accumulate (MPI_REPLACE or MPI_SUM)
+  message,     ///< an MPI_Isend of {offset, op, value} after that flush, applied when the target calls ubep
+};
+/// UBEP_MPI_BOUNDED: which blocking MPI calls of the mpi route get the wait deadline.
+enum class MpiBounded : std::uint8_t {
+  automatic,  ///< "auto": calls to peers on the mpi route and fetching atomics to any peer
+  all,        ///< every call
+  off,        ///< none: every call inline, unbounded
+};
+/// UBEP_GPU_MPI_WINDOW: how GPU-heap data reaches ranks of other nodes.
+enum class GpuMpiWindow : std::uint8_t {
+  automatic,  ///< "auto": an MPI window over the GPU heap when every rank's MPI is CUDA-aware, else staged
+  on,         ///< "1": the window always
+  off,        ///< "0": the staged route always
+};
+/// UBEP_MOE_KERNELS: the MoE row kernels of the process (moe::kernels() says which runs).
+enum class MoeKernels : std::uint8_t { automatic, portable, avx2, avx512 };
+
+/// The name each value takes in its variable ("auto", "am", "1", ...).
+const char* to_string(UcxMode m) noexcept;
+const char* to_string(ProgressThread p) noexcept;  ///< "auto", "1", "0"
+const char* to_string(MpiSignal m) noexcept;
+const char* to_string(MpiBounded m) noexcept;
+const char* to_string(GpuMpiWindow w) noexcept;  ///< "auto", "1", "0"
+const char* to_string(MoeKernels k) noexcept;
+
+/// The settings of a Context, one field per UBEP_* variable. Each variable is defined once, in the settings
+/// table (settings() below, docs/SETTINGS.md): its type, default, meaning, whether every rank must agree
+/// (Context() checks those and throws Errc::collective_mismatch naming the variable) and whether it is for
+/// testing. The defaults below are the table's defaults.
 struct Options {
-  /// UBEP_HEAP_SIZE (collective): bytes of symmetric heap per rank. Suffixes K, M, G (powers of 2). Default 256M.
-  std::size_t heap_size = std::size_t{256} << 20;
-  /// UBEP_WAIT_TIMEOUT: seconds every wait may block before it throws Errc::timeout. Default 300; 0 = never.
-  std::chrono::duration<double> wait_timeout{300.0};
-  /// UBEP_POLL: the polling policy of every wait; see PollPolicy::parse.
-  PollPolicy poll{};
-  /// UBEP_TRANSPORTS (collective): the transports the route table may use among self, shm, ucx, mpi.
-  /// Each peer gets the first of self (this rank), shm (same node), then ucx, then mpi that reaches it:
-  /// ucx is preferred over mpi off the node whenever it is named. Default "self,shm,ucx,mpi" in builds
-  /// with UCX (default_transports()), "self,shm,mpi" otherwise, "self,mpi" in SimGrid builds (shared memory
-  /// is not simulated: a rank polling it would never yield to the simulation). "mpi" alone sends every operation, to
-  /// self too, through MPI RMA; "ucx" alone, through UCX; "self,shm,mpi" forces MPI RMA off the node.
-  std::vector<std::string> transports = default_transports();
-  /// UBEP_UCX_MODE (collective): how the ucx route moves data to each peer. "auto" (default): rdma where
-  /// the endpoint has one lane with hardware RMA and atomics (InfiniBand/RoCE rc, dc), am elsewhere
-  /// (TCP, shared memory); "am": active messages to every peer; "rdma": put, fence and atomics to every
-  /// peer (where UCX has no hardware lane for them it emulates them in software, which needs the
-  /// target's progress and is slower than am: for testing). See docs/ROUTES.md, "The ucx route".
-  std::string ucx_mode = "auto";
-  /// UBEP_PROGRESS_THREAD (collective): "auto" (default), "1" or "0".
-  /// 1 sets this: a thread that calls into MPI every UBEP_PROGRESS_INTERVAL_US while the application computes,
-  /// so RMA aimed at this rank keeps completing; it also drives the UCX worker, and the staged GPU route where the
-  /// ranks of other nodes are on the ucx route. Needs MPI_THREAD_MULTIPLE. Default false.
-  bool progress_thread = false;
-  /// Set by UBEP_PROGRESS_THREAD=auto (the default) and 1, cleared by 0. Where UCX is in use (some peer on the ucx
-  /// route) and progress_thread is false, a thread that sleeps on the UCX worker's event file descriptor
-  /// (ucp_worker_arm) and wakes only when a message arrives for this rank: it runs the handlers (data, signals,
-  /// atomics), answers gets, fetching atomics and flushes, and drives the staged GPU route, so a peer's quiet(),
-  /// get or atomic completes while this rank computes or sits in a plain MPI call. It calls no MPI (any thread
-  /// level); an idle job wakes it about once a second. docs/ROUTES.md, "The ucx route".
-  bool ucx_progress_thread = true;
-  /// UBEP_GPU: 1 initializes CUDA when a Context is created (ubep::gpu_status()), and every rank's
-  /// Context() fails (Errc::unsupported, naming the rank and CUDA's answer) when one rank has no usable GPU.
-  /// 0 (default): libubep leaves CUDA untouched until something asks for a GPU. Must match on every rank.
-  bool gpu = false;
-  /// UBEP_GPU_HEAP_SIZE (collective): bytes of symmetric GPU heap per rank, on the CUDA device current at the
-  /// first Context::alloc_device (which creates it; nothing is allocated on a GPU before). Suffixes K, M, G.
-  /// Rounded up to the device's allocation granularity (2 MiB on current GPUs). Default 1G.
-  std::size_t gpu_heap_size = std::size_t{1} << 30;
-  /// UBEP_GPU_STAGING_CHUNK (collective): bytes per chunk of the staged route that carries GPU-heap data to
-  /// and from peers on other nodes (device -> host -> the host route -> host -> device, 2 chunks in flight per
-  /// pair of ranks). Its buffers come out of the host heap: 4 chunks per rank of the job, on every rank, when the job
-  /// spans more than one node (256 KiB per rank at the default). Suffixes K, M, G. Default 64K.
-  std::size_t gpu_staging_chunk = std::size_t{64} << 10;
-  /// UBEP_GPU_EMULATE (collective, testing): 1 makes the GPU heap shared host memory standing in for device
-  /// memory (copies are memcpy, node peers map it through the same fd exchange as CUDA's fd handles), on any
-  /// machine, GPU or not, so that alloc_device and every call on GPU addresses run where there is no GPU.
-  /// Everything that describes the heap says EMULATING. Default 0.
-  bool gpu_emulate = false;
-  /// UBEP_GPU_MPI_WINDOW (collective): how GPU-heap data reaches ranks of other nodes. "auto" (default): an MPI
-  /// window over the GPU heap (MPI_Put/MPI_Get with device addresses) when every rank's MPI says it is
-  /// CUDA-aware (MPIX_Query_cuda_support() = 1), else the staged route (UBEP_GPU_STAGING_CHUNK). "1": the
-  /// window always (for an MPI that is CUDA-aware without that query, or for testing with UBEP_GPU_EMULATE=1;
-  /// refused with a real GPU heap when MPIX_Query_cuda_support() says 0). "0": the staged route always.
-  std::string gpu_mpi_window = "auto";
-  /// UBEP_PROGRESS_INTERVAL_US: how often the progress thread calls into MPI. Default 50.
-  std::uint32_t progress_interval_us = 50;
-  /// UBEP_VIRTUAL_NODES (collective, testing): split the ranks of each real node into emulated nodes.
-  /// "N" = N nodes of consecutive ranks; "0,1|2,3" = explicit rank lists per node. Empty = off.
-  /// Ranks on different emulated nodes use the off-node route (ucx in builds with UCX, else mpi) and see
-  /// "node" or farther distances; every output that depends on it says that it is emulated.
-  std::string virtual_nodes;
-  /// UBEP_SCHEDULE: order of peers in all-to-all traffic: linear, shifted or topology (default).
-  std::string schedule = "topology";
-  /// UBEP_TOPOLOGY_FILE: a Slurm topology.conf giving switch-level distances between nodes. Empty = none.
-  std::string topology_file;
-  /// UBEP_TOPOLOGY_PROBE: 1 refines the cost matrix with a measured ping-pong per distance class. Default 0.
-  bool topology_probe = false;
-  /// UBEP_RUN_AHEAD: how many MoE calls a rank may run ahead of the slowest peer (buffer sets). Default 2.
-  std::uint32_t run_ahead = 2;
-  /// UBEP_MPI_SIGNAL: how a SignalOp::set signal travels on the mpi route. "put" (default): an 8-byte
-  /// MPI_Put issued after the flush that completes the data; "accumulate": MPI_Accumulate(MPI_REPLACE).
-  /// SignalOp::add is always MPI_Accumulate(MPI_SUM). Open MPI 4.1's osc ucx runs every accumulate under
-  /// a remote lock (two to three round trips); see docs/ROUTES.md, "Signals as messages". "message": every
-  /// signal (set and add) is an MPI_Send of {offset, op, value} on a communicator of its own after the
-  /// flush that completes the data, applied by the target when it next calls into ubep (a wait, test*,
-  /// progress(), barrier()); a waiting rank receives instead of polling memory. The default in SimGrid
-  /// builds (UBEP_SIMGRID), where a wait then blocks in MPI_Wait.
-  bool mpi_signal_put = !UBEP_SIMGRID;
-  /// UBEP_MPI_SIGNAL=message (see above).
-  bool mpi_signal_message = UBEP_SIMGRID != 0;
-  /// UBEP_MPI_BOUNDED: which blocking MPI calls of the mpi route get the wait deadline (they then run on
-  /// a worker thread while the caller polls; see context.hpp "Deadlines"). "auto" (default): every call
-  /// to a peer on the mpi route (on this host too: osc ucx completes puts into its window only with its
-  /// progress), and fetching atomics to any peer (osc ucx emulates them at the target); accumulates and
-  /// flushes to mapped (shm) peers run inline, since MPI completes them through shared memory without the
-  /// target. "all": every call (for UCX_TLS without shared memory on one
-  /// host). "off": none (every call inline, unbounded).
-  std::string mpi_bounded = "auto";
+  std::size_t heap_size = std::size_t{256} << 20;              ///< UBEP_HEAP_SIZE (collective)
+  std::chrono::duration<double> wait_timeout{300.0};           ///< UBEP_WAIT_TIMEOUT; 0 = never
+  PollPolicy poll{};                                           ///< UBEP_POLL; see PollPolicy::parse
+  std::vector<std::string> transports = default_transports();  ///< UBEP_TRANSPORTS (collective)
+  UcxMode ucx_mode = UcxMode::automatic;                       ///< UBEP_UCX_MODE (collective)
+  ProgressThread progress_thread = ProgressThread::automatic;  ///< UBEP_PROGRESS_THREAD (collective)
+  std::uint32_t progress_interval_us = 50;                     ///< UBEP_PROGRESS_INTERVAL_US
+  bool gpu = false;                                            ///< UBEP_GPU (collective)
+  std::size_t gpu_heap_size = std::size_t{1} << 30;            ///< UBEP_GPU_HEAP_SIZE (collective)
+  std::size_t gpu_staging_chunk = std::size_t{64} << 10;       ///< UBEP_GPU_STAGING_CHUNK (collective)
+  GpuMpiWindow gpu_mpi_window = GpuMpiWindow::automatic;       ///< UBEP_GPU_MPI_WINDOW (collective)
+  ScheduleKind schedule = ScheduleKind::topology;              ///< UBEP_SCHEDULE
+  std::string topology_file;                                   ///< UBEP_TOPOLOGY_FILE (collective: contents)
+  bool topology_probe = false;                                 ///< UBEP_TOPOLOGY_PROBE (collective)
+  std::uint32_t run_ahead = 2;                                 ///< UBEP_RUN_AHEAD (MoE buffer sets)
+  MpiSignal mpi_signal = UBEP_SIMGRID ? MpiSignal::message : MpiSignal::put;  ///< UBEP_MPI_SIGNAL (collective)
+  MpiBounded mpi_bounded = MpiBounded::automatic;                             ///< UBEP_MPI_BOUNDED
+  MoeKernels moe_kernels = MoeKernels::automatic;                             ///< UBEP_MOE_KERNELS (read per process)
+  // For testing (the table's "testing" rows):
+  bool gpu_emulate = false;   ///< UBEP_GPU_EMULATE (collective, testing)
+  std::string virtual_nodes;  ///< UBEP_VIRTUAL_NODES (collective, testing)
 
   /// The transports of a default Options: "self,shm,ucx,mpi" in builds with UCX, "self,mpi" in SimGrid
   /// builds, else "self,shm,mpi".
   static std::vector<std::string> default_transports();
-  /// Reads every UBEP_* variable once. Throws Errc::invalid_argument naming the variable and the value
-  /// when one cannot be parsed.
+  /// Reads every UBEP_* variable of the table once (unset or empty: the default). Throws
+  /// Errc::invalid_argument naming the variable and the value when one cannot be parsed.
   static Options from_env();
-  /// The settings as "NAME=value" lines, for ubep-info and benchmark headers.
+  /// The settings as "NAME=value" lines in the table's order, each value in the form its variable takes
+  /// (from_env() reads them back to equal settings), for ubep-info and benchmark headers.
   std::vector<std::string> describe() const;
+  bool operator==(const Options&) const = default;
 };
+
+/// One row of the settings table: the one definition of a UBEP_* variable. Options::from_env(), describe(),
+/// the agreement that Context() runs and docs/SETTINGS.md (ubep-info --settings-table) all come from it.
+struct Setting {
+  const char* name;     ///< the environment variable
+  const char* type;     ///< what it takes, as the docs show it: "size", "seconds", "auto|am|rdma", ...
+  bool collective;      ///< every rank must agree; Context() checks it
+  bool testing;         ///< for testing, not for production runs
+  const char* meaning;  ///< one paragraph for the docs
+  /// The field's value in the form the variable takes ("256M", "auto", "self,shm,mpi").
+  std::string (*value)(const Options&);
+  /// Sets the field from `text` (internal: call parse()).
+  void (*set)(Options&, const std::string& text, const char* name);
+  /// Sets the field from the variable's text; throws Errc::invalid_argument naming the variable and the text.
+  void parse(Options& o, const std::string& text) const { set(o, text, name); }
+  /// Sets the field from the environment when the variable is set (and not empty); returns whether it was.
+  bool read_env(Options& o) const;
+};
+/// The settings table, in the order of describe() and the docs.
+std::span<const Setting> settings() noexcept;
+/// The row of variable `name`; throws Errc::invalid_argument when no setting has that name.
+const Setting& setting(std::string_view name);
 
 /// Parses a byte size with an optional K/M/G/T suffix (powers of 2). Throws Errc::invalid_argument.
 std::size_t parse_size(const std::string& text, const char* what);

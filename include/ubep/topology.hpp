@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ubep/options.hpp"  // ScheduleKind
+
 namespace ubep {
 
 /// Distance between two ranks as an ordered class; lower is closer.
@@ -36,16 +38,6 @@ struct RankPlace {
   int gpu = -1;     ///< nearest GPU (CUDA device index), -1 when none
   std::string nic;  ///< nearest network device name, empty when none
 };
-
-/// The order in which a rank serves its peers in an all-to-all.
-enum class ScheduleKind : std::uint8_t {
-  linear,    ///< 0, 1, ..., n-1 for every rank: everyone hits rank 0 first (the incast baseline)
-  shifted,   ///< (rank + i) mod n
-  topology,  ///< far distance classes first, staggered by rank inside each class
-};
-const char* to_string(ScheduleKind k) noexcept;
-/// Parses "linear", "shifted", "topology"; throws ubep::Error (invalid_argument) otherwise.
-ScheduleKind parse_schedule(std::string_view name);
 
 class Topology {
  public:

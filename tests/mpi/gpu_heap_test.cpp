@@ -106,7 +106,7 @@ class GpuHeapCalls : public test::GpuHeapFixture {
   Options staged_options() const {
     Options o = options(16u << 20);
     o.gpu_staging_chunk = 64u << 10;
-    o.gpu_mpi_window = "0";
+    o.gpu_mpi_window = ubep::GpuMpiWindow::off;
     return o;
   }
 };
@@ -202,7 +202,7 @@ void gets_from_far_ranks(Context& ctx, const std::uint32_t* buf, std::uint32_t* 
 
 /// `o` with UBEP_PROGRESS_THREAD=1 and a 30 s deadline (the tests where a target computes outside ubep).
 Options with_progress_thread(Options o) {
-  o.progress_thread = true;
+  o.progress_thread = ProgressThread::on;
   o.wait_timeout = std::chrono::seconds(30);
   return o;
 }
@@ -212,7 +212,7 @@ Options window_options() {
   Options o = test::with_heap(4u << 20);
   o.gpu_heap_size = 16u << 20;
   o.gpu_emulate = true;
-  o.gpu_mpi_window = "1";
+  o.gpu_mpi_window = ubep::GpuMpiWindow::on;
   return o;
 }
 
@@ -432,7 +432,7 @@ TEST(GpuHeap, TheMpiWindowCompletesWhileTheTargetComputes) {
 TEST_P(GpuHeapCalls, AStagedPutOrGetToATargetOutsideUbepEndsAtTheDeadline) {
   Options o = staged_options();
   o.wait_timeout = std::chrono::seconds(1);
-  o.progress_thread = o.ucx_progress_thread = false;  // UBEP_PROGRESS_THREAD=0: the target's thread is its only one
+  o.progress_thread = ProgressThread::off;  // UBEP_PROGRESS_THREAD=0: the target's thread is its only one
   Context ctx(MPI_COMM_WORLD, o);
   if (one_node(ctx)) GTEST_SKIP() << "needs ranks on two nodes (UBEP_VIRTUAL_NODES)";
   constexpr std::size_t kN = 100000;

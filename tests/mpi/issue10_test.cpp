@@ -93,7 +93,7 @@ TEST(Issue10, DestructorDoesNotCommunicate) {
 TEST(Issue10, FailedFinalizeJoinsProgressThread) {
   if (!mpi_finalize_survives_unfreed_windows()) GTEST_SKIP() << "MPICH aborts in MPI_Finalize on unfreed windows";
   Options o = opts();
-  o.progress_thread = true;
+  o.progress_thread = ProgressThread::on;
   o.wait_timeout = std::chrono::duration<double>(1.0);
   {
     Context ctx(MPI_COMM_WORLD, o);
@@ -139,8 +139,8 @@ TEST(Issue10, WaitWritersOutOfRangeAreRejected) {
 // "The ucx route"): there, without a progress thread, it calls progress(), which defers nothing there.
 bool observe_without_ubep(Context& ctx, const std::uint64_t* word, std::uint64_t value, double seconds) {
   const auto& used = ctx.info().transports;
-  const bool needs_progress =
-      std::find(used.begin(), used.end(), "ucx") != used.end() && !ctx.options().progress_thread;
+  const bool needs_progress = std::find(used.begin(), used.end(), "ucx") != used.end() &&
+                              ctx.options().progress_thread != ubep::ProgressThread::on;
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
     if (std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(word)).load(std::memory_order_acquire) >= value)
@@ -254,10 +254,11 @@ TEST(Issue10, CollectiveOptionsMustAgree) {
   if (rank == 1) probe.topology_probe = true;
   expect_error(Errc::collective_mismatch, [&] { Context c(MPI_COMM_WORLD, probe); }, {"UBEP_TOPOLOGY_PROBE"});
   Options signal = o;
-  if (rank == 0) signal.mpi_signal_put = false;
+  if (rank == 0) signal.mpi_signal = o.mpi_signal == MpiSignal::put ? MpiSignal::accumulate : MpiSignal::put;
   expect_error(Errc::collective_mismatch, [&] { Context c(MPI_COMM_WORLD, signal); }, {"UBEP_MPI_SIGNAL"});
   Options thread = o;
-  if (rank == 0) thread.progress_thread = !o.progress_thread;
+  if (rank == 0)
+    thread.progress_thread = o.progress_thread == ProgressThread::on ? ProgressThread::off : ProgressThread::on;
   expect_error(Errc::collective_mismatch, [&] { Context c(MPI_COMM_WORLD, thread); }, {"UBEP_PROGRESS_THREAD"});
   Options file = o;
   if (rank == 0)

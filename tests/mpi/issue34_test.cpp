@@ -33,8 +33,7 @@ Options opts(double timeout, bool thread = true) {
   o.heap_size = 32u << 20;
   o.wait_timeout = std::chrono::duration<double>(timeout);
   if (!thread) {
-    o.progress_thread = false;
-    o.ucx_progress_thread = false;
+    o.progress_thread = ProgressThread::off;
   }
   return o;
 }
@@ -86,8 +85,7 @@ constexpr const char* kNeedsPeer =
 Options message_signals(double timeout) {
   Options o = opts(timeout, false);
   o.transports = {"mpi"};
-  o.mpi_signal_message = true;
-  o.mpi_signal_put = false;
+  o.mpi_signal = MpiSignal::message;
   return o;
 }
 
@@ -104,8 +102,9 @@ TEST(Issue34, QuietThenPlainMpiBarrier) {
   Context ctx(MPI_COMM_WORLD, opts(10.0));
   const int n = ctx.size(), me = ctx.rank();
   const RuntimeInfo info = ctx.info();
-  if (!info.ucx.empty() && ctx.options().ucx_progress_thread) {
-    EXPECT_EQ(info.progress_thread.rfind(ctx.options().progress_thread ? "full" : "ucx", 0), 0u)
+  if (!info.ucx.empty() && ctx.options().progress_thread != ubep::ProgressThread::off) {
+    EXPECT_EQ(info.progress_thread.rfind(ctx.options().progress_thread == ubep::ProgressThread::on ? "full" : "ucx", 0),
+              0u)
         << info.progress_thread;
   }
   constexpr std::size_t kSmall = 1024, kBig = 64u << 10;  // eager and rendezvous on the ucx route
@@ -298,7 +297,7 @@ TEST(Issue34, DeferredSignalsAreIssuedOnce) {
   if (world < 3) GTEST_SKIP() << "needs 3 ranks";
   Options o = opts(1.0, false);
   o.transports = {"mpi"};
-  o.mpi_bounded = "all";
+  o.mpi_bounded = ubep::MpiBounded::all;
   Context ctx(MPI_COMM_WORLD, o);
   const int me = ctx.rank();
   auto sig = ctx.alloc_signals(1);
@@ -330,7 +329,7 @@ TEST(Issue34, FlushLocalCompletesStagedPuts) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   Options o = opts(10.0);
   o.gpu_emulate = true;
-  o.gpu_mpi_window = "0";
+  o.gpu_mpi_window = ubep::GpuMpiWindow::off;
   o.gpu_staging_chunk = 8u << 10;
   o.gpu_heap_size = 4u << 20;
   o.virtual_nodes = "2";
@@ -435,7 +434,7 @@ TEST(Issue34, StagedCreditsWaitForNoOtherPeer) {
   if (world != 3) GTEST_SKIP() << "needs exactly 3 ranks (one per virtual node)";
   Options o = opts(1.0, false);
   o.gpu_emulate = true;
-  o.gpu_mpi_window = "0";
+  o.gpu_mpi_window = ubep::GpuMpiWindow::off;
   o.gpu_staging_chunk = 16u << 10;
   o.gpu_heap_size = 4u << 20;
   o.virtual_nodes = "3";
@@ -649,7 +648,7 @@ void expect_isolated(
     const std::function<void(detail::UcxTransport&, std::vector<std::uint8_t>&, detail::ucx_wire::Msg&)>& make) {
   Options o = opts(10.0);
   o.transports = {"ucx"};  // every peer over UCX, in am mode
-  o.ucx_mode = "am";
+  o.ucx_mode = ubep::UcxMode::am;
   Context ctx(MPI_COMM_WORLD, o);
   const int me = ctx.rank(), n = ctx.size();
   auto obj = ctx.alloc<std::uint64_t>(8);
@@ -756,7 +755,7 @@ TEST(Issue34Wire, UnknownAnswerIsRefused) {
 TEST(Issue34Wire, EarlyMessagesWaitForTheirTurn) {
   Options o = opts(10.0);
   o.transports = {"ucx"};
-  o.ucx_mode = "am";
+  o.ucx_mode = ubep::UcxMode::am;
   Context ctx(MPI_COMM_WORLD, o);
   const int me = ctx.rank();
   auto obj = ctx.alloc<std::uint64_t>(1);

@@ -368,7 +368,7 @@ TEST(Signal, SleepingTargetDoesNotStallPeers) {
     const auto& used = ctx.info().transports;
     const bool load_store = talker >= 0 && (ctx.route(talker) == Route::self || ctx.route(talker) == Route::shm) &&
                             !ctx.atomics_through_mpi() && std::find(used.begin(), used.end(), "ucx") == used.end();
-    const bool talker_due = talker >= 0 && (load_store || ctx.options().progress_thread);
+    const bool talker_due = talker >= 0 && (load_store || ctx.options().progress_thread == ubep::ProgressThread::on);
     std::vector<int> due(bystanders);
     if (talker_due) due.push_back(talker);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

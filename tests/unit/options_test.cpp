@@ -1,13 +1,16 @@
-// Options::from_env: every UBEP_* variable parses its documented values and rejects the rest with an
-// error naming the variable and the value.
+// Options::from_env and the settings table: every UBEP_* variable parses its documented values and rejects the rest
+// with an error naming the variable and the value.
 #include "ubep/options.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ubep/error.hpp"
 
@@ -22,16 +25,16 @@ class Env {
   }
   ~Env() {
     if (old_) {
-      setenv(name_, old_->c_str(), 1);
+      setenv(name_.c_str(), old_->c_str(), 1);
     } else {
-      unsetenv(name_);
+      unsetenv(name_.c_str());
     }
   }
   Env(const Env&) = delete;
   Env& operator=(const Env&) = delete;
 
  private:
-  const char* name_;
+  std::string name_;
   std::optional<std::string> old_;
 };
 
@@ -49,23 +52,21 @@ std::string error_of(const char* name, const char* value) {
 TEST(Options, MpiSignal) {
   {
     Env e("UBEP_MPI_SIGNAL", "accumulate");
-    EXPECT_FALSE(Options::from_env().mpi_signal_put);
+    EXPECT_EQ(Options::from_env().mpi_signal, MpiSignal::accumulate);
   }
   {
     Env e("UBEP_MPI_SIGNAL", " put ");
-    EXPECT_TRUE(Options::from_env().mpi_signal_put);
+    EXPECT_TRUE(Options::from_env().mpi_signal == MpiSignal::put);
   }
   {
     Env e("UBEP_MPI_SIGNAL", "message");
-    EXPECT_TRUE(Options::from_env().mpi_signal_message);
-    EXPECT_FALSE(Options::from_env().mpi_signal_put);
+    EXPECT_EQ(Options::from_env().mpi_signal, MpiSignal::message);
     bool found = false;
     for (const std::string& line : Options::from_env().describe()) found = found || line == "UBEP_MPI_SIGNAL=message";
     EXPECT_TRUE(found);
   }
   unsetenv("UBEP_MPI_SIGNAL");
-  EXPECT_TRUE(Options::from_env().mpi_signal_put) << "the default is put";
-  EXPECT_FALSE(Options::from_env().mpi_signal_message) << "messages are the default only in SimGrid builds";
+  EXPECT_EQ(Options::from_env().mpi_signal, MpiSignal::put) << "the default is put (message only in SimGrid builds)";
   const std::string what = error_of("UBEP_MPI_SIGNAL", "cas");
   EXPECT_NE(what.find("UBEP_MPI_SIGNAL"), std::string::npos) << what;
   EXPECT_NE(what.find("cas"), std::string::npos) << what;
@@ -73,8 +74,9 @@ TEST(Options, MpiSignal) {
 
 TEST(Options, MpiBounded) {
   unsetenv("UBEP_MPI_BOUNDED");
-  EXPECT_EQ(Options::from_env().mpi_bounded, "auto") << "the default is auto";
-  for (const auto& [text, want] : {std::pair{"all", "all"}, std::pair{"off", "off"}, std::pair{" auto ", "auto"}}) {
+  EXPECT_EQ(Options::from_env().mpi_bounded, MpiBounded::automatic) << "the default is auto";
+  for (const auto& [text, want] : {std::pair{"all", MpiBounded::all}, std::pair{"off", MpiBounded::off},
+                                   std::pair{" auto ", MpiBounded::automatic}}) {
     Env e("UBEP_MPI_BOUNDED", text);
     EXPECT_EQ(Options::from_env().mpi_bounded, want) << text;
   }
@@ -88,8 +90,9 @@ TEST(Options, MpiBounded) {
 
 TEST(Options, GpuMpiWindow) {
   unsetenv("UBEP_GPU_MPI_WINDOW");
-  EXPECT_EQ(Options::from_env().gpu_mpi_window, "auto") << "the default is auto";
-  for (const auto& [text, want] : {std::pair{"1", "1"}, std::pair{"0", "0"}, std::pair{" auto ", "auto"}}) {
+  EXPECT_EQ(Options::from_env().gpu_mpi_window, GpuMpiWindow::automatic) << "the default is auto";
+  for (const auto& [text, want] : {std::pair{"1", GpuMpiWindow::on}, std::pair{"0", GpuMpiWindow::off},
+                                   std::pair{" auto ", GpuMpiWindow::automatic}}) {
     Env e("UBEP_GPU_MPI_WINDOW", text);
     EXPECT_EQ(Options::from_env().gpu_mpi_window, want) << text;
   }
@@ -116,7 +119,7 @@ TEST(Options, GpuHeapSize) {
     const Options o = Options::from_env();
     EXPECT_EQ(o.gpu_heap_size, std::size_t{96} << 20);
     bool found = false;
-    for (const std::string& line : o.describe()) found = found || line == "UBEP_GPU_HEAP_SIZE=100663296";
+    for (const std::string& line : o.describe()) found = found || line == "UBEP_GPU_HEAP_SIZE=96M";
     EXPECT_TRUE(found);
   }
   EXPECT_EQ(Options::from_env().gpu_heap_size, std::size_t{1} << 30);
@@ -129,6 +132,72 @@ TEST(Options, RejectsBadValues) {
     const std::string what = error_of(name, value);
     EXPECT_NE(what.find(name), std::string::npos) << what;
   }
+}
+
+// The settings table defines each variable once; from_env() and describe() are generated from it.
+TEST(Settings, TableDefinesEachVariableOnce) {
+  const Options defaults;
+  const std::vector<std::string> lines = defaults.describe();
+  ASSERT_EQ(lines.size(), settings().size());
+  std::set<std::string> names;
+  std::size_t i = 0;
+  for (const Setting& row : settings()) {
+    const std::string name = row.name;
+    EXPECT_EQ(name.rfind("UBEP_", 0), 0u) << name;
+    EXPECT_TRUE(names.insert(name).second) << name << " twice in the table";
+    EXPECT_EQ(lines[i++], name + "=" + row.value(defaults)) << "describe() follows the table's order";
+    EXPECT_STRNE(row.type, "") << name;
+    EXPECT_GT(std::string(row.meaning).size(), 20u) << name;
+    EXPECT_EQ(&setting(name), &row);
+    Options parsed;
+    row.parse(parsed, row.value(defaults));
+    EXPECT_EQ(parsed, defaults) << name << ": the default's text reads back as the default";
+  }
+  EXPECT_THROW((void)setting("UBEP_NOT_A_SETTING"), Error);
+  // What every rank must agree on, and what is for testing only.
+  for (const char* name : {"UBEP_HEAP_SIZE", "UBEP_TRANSPORTS", "UBEP_MPI_SIGNAL", "UBEP_GPU_HEAP_SIZE"})
+    EXPECT_TRUE(setting(name).collective) << name;
+  for (const char* name : {"UBEP_WAIT_TIMEOUT", "UBEP_POLL", "UBEP_SCHEDULE", "UBEP_MOE_KERNELS"})
+    EXPECT_FALSE(setting(name).collective) << name;
+  for (const Setting& row : settings()) {
+    const std::string name = row.name;
+    EXPECT_EQ(row.testing, name == "UBEP_GPU_EMULATE" || name == "UBEP_VIRTUAL_NODES") << name;
+  }
+}
+
+// Settings away from their defaults read back, through describe() and the environment, as equal settings.
+TEST(Settings, DescribeReadsBack) {
+  Options o;
+  o.heap_size = 3 * 1024 + 1;
+  o.wait_timeout = std::chrono::duration<double>(1e-7);
+  o.poll = PollPolicy::parse("spin=3,yield=5");
+  o.transports = {"self", "mpi"};
+  o.ucx_mode = UcxMode::rdma;
+  o.progress_thread = ProgressThread::off;
+  o.gpu_mpi_window = GpuMpiWindow::on;
+  o.schedule = ScheduleKind::shifted;
+  o.mpi_signal = MpiSignal::accumulate;
+  o.mpi_bounded = MpiBounded::all;
+  o.moe_kernels = MoeKernels::portable;
+  o.virtual_nodes = "0,1|2,3";
+  o.gpu_heap_size = std::size_t{5} << 30;
+  std::vector<std::unique_ptr<Env>> env;
+  for (const std::string& line : o.describe()) {
+    const auto eq = line.find('=');
+    env.push_back(std::make_unique<Env>(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str()));
+  }
+  EXPECT_EQ(Options::from_env(), o);
+  EXPECT_EQ(setting("UBEP_GPU_HEAP_SIZE").value(o), "5G");
+  EXPECT_EQ(setting("UBEP_HEAP_SIZE").value(o), "3073");
+}
+
+// A bad value names the variable, the value and what it takes.
+TEST(Settings, ChoicesNameWhatTheyTake) {
+  const std::string what = error_of("UBEP_UCX_MODE", "fast");
+  EXPECT_NE(what.find("UBEP_UCX_MODE='fast'"), std::string::npos) << what;
+  EXPECT_NE(what.find("auto, am or rdma"), std::string::npos) << what;
+  Env e("UBEP_PROGRESS_THREAD", "0");
+  EXPECT_EQ(Options::from_env().progress_thread, ProgressThread::off);
 }
 
 }  // namespace
