@@ -1,4 +1,4 @@
-// Regression tests for the defects of issue 10, one per defect, each named after it. They run on every
+// Regression tests of the runtime, for the defects of issue 10, one per defect, each named after it. They run on every
 // route CTest registers (default, forced mpi, emulated nodes) at 2, 3 and 4 ranks.
 #include <gtest/gtest.h>
 
