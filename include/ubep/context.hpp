@@ -7,7 +7,7 @@
 ///
 /// What completes when. The `@note` on each communication declaration (here, in symmetric.hpp and in
 /// moe.hpp) is THE statement of its contract; docs/ and the internal headers point here. Every note
-/// says, in this order:
+/// says, in this order, itself or through its completion class (below):
 ///  - Local completion: when the call is done with the caller's memory: a source may be reused, the
 ///    destination of a get or the result of an atomic holds the data.
 ///  - Remote completion: when the data or update is in the target's memory, where the target's waits and
@@ -17,6 +17,49 @@
 ///  - Blocks: whether the call can wait, for what, and for how long.
 ///  - Communicates: no; with pe; with the peers named; or collective over the communicator (every rank
 ///    calls it, in the same order).
+/// Completion classes. Most calls share one of these contracts; their note names the class and says only what
+/// differs (the other calls spell out their own):
+///  - collective (alloc, alloc_device, alloc_signals, barrier; Context(), finalize() and agree() as their notes
+///    say): every rank of comm() calls it, in the same order, with the same arguments, else every rank throws
+///    Errc::collective_mismatch. Local completion: on return, and every operation this rank issued before is
+///    complete (quiet()). Remote completion: no rank returns before every rank has completed the operations it
+///    issued before and joined. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each.
+///    Communicates: collective over comm().
+///  - blocking RMA (put, get): Local completion: on return (a put's `src` may be reused, a get's `dest` holds
+///    the data). Remote completion: self/shm on return; mpi at the next quiet() or flush(pe). Blocks: self/shm
+///    no; mpi an ordering flush if a fence() is pending, then MPI_Win_flush_local(pe), at most
+///    UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: as "GPU heap" below.
+///  - non-blocking RMA (put_nbi, get_nbi): Local and remote completion: self/shm on return; mpi at the next
+///    quiet() or flush(pe) (only then may `src` be reused, or does `dest` hold the data). Blocks: self/shm no;
+///    mpi only for an ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
+///    GPU heap: as "GPU heap" below.
+///  - fetching atomic (atomic_fetch_add, atomic_compare_swap, atomic_swap, atomic_fetch): Local completion: on
+///    return (the result holds the old value). Remote completion: load/store atomics on return; through MPI at
+///    the next quiet() or flush(pe). Blocks: load/store atomics no; through MPI deferred signals delivered
+///    first, an ordering flush, then one round trip to pe (the MPI call + MPI_Win_flush_local), at most
+///    UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
+///  - non-fetching atomic (atomic_add, atomic_set): Local completion: on return (nothing of the caller's is
+///    read later). Remote completion: as a fetching atomic. Blocks: load/store atomics no; through MPI
+///    deferred signals delivered first, an ordering flush (always when data to pe is in flight), then
+///    MPI_Accumulate, at most UBEP_WAIT_TIMEOUT each. Communicates: with pe.
+///  - wait (wait_until, wait_until_all, wait_until_any, wait_until_some): Local completion: on return the
+///    condition held, and the data of the put_signal (or the puts before the signal_op) that made it hold is
+///    visible here (on the mpi route after MPI_Win_sync). Remote completion: this rank's deferred signals are
+///    delivered first, also when the condition already holds. Blocks: until the condition holds, at most
+///    WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals at most
+///    UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals; while it
+///    waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+///  - test (test, test_all, test_any, test_some, progress): Local completion: on return (the result is what
+///    the words held when read). Remote completion: this rank's deferred signals are delivered first. Blocks:
+///    never for a condition or for a peer's action; delivering deferred signals (mpi: one MPI_Win_flush per
+///    peer with data in flight, then the signals) at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no
+///    messages but this rank's deferred signals; when the mpi route is in use it lets MPI progress
+///    (MPI_Win_sync + MPI_Iprobe).
+///  - local (ptr, signal_fetch, copy): Local completion: on return. Remote completion: none. Blocks: no.
+///    Communicates: no.
+///  - stream-ordered (put_signal_on_stream, signal_op_on_stream, wait_until_on_stream): Local completion: on
+///    return nothing has happened yet; the call runs when the stream reaches it. Remote completion: when the
+///    stream reaches it. Blocks: no. Communicates: with pe, through its memory; no MPI.
 /// The words the notes use:
 ///  - self/shm vs mpi: the route of pe (route(pe)). On self/shm a put or get is a memcpy into the mapped
 ///    heap, on mpi it is MPI RMA on the world window. Atomics and signals take one path for every peer:
@@ -232,10 +275,7 @@ class Context {
   /// then null). Every rank first completes its outstanding operations (quiet), so nothing aimed at an
   /// object destroyed earlier can land in the new one. Throws OutOfHeap naming UBEP_HEAP_SIZE, and
   /// Errc::collective_mismatch when ranks ask for different sizes or allocate in different orders.
-  /// @note Local completion: on return this rank's copy exists (uninitialized) and every operation this rank
-  /// issued before is complete (quiet()). Remote completion: no rank returns before every rank has completed
-  /// its outstanding operations and joined. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT
-  /// each. Communicates: collective over comm().
+  /// @note Class: collective: this rank's copy exists (uninitialized) on return.
   template <class T>
   [[nodiscard]] Symmetric<T> alloc(std::size_t count) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -256,60 +296,42 @@ class Context {
   /// no usable GPU, the build has no CUDA, or the ranks of a node cannot map each other's heaps (naming the rank and
   /// CUDA's answer; the context stays usable for host memory and a later call tries again); OutOfHeap naming
   /// UBEP_GPU_HEAP_SIZE; the errors of alloc.
-  /// @note Local completion: as alloc (every operation this rank issued before is complete, device copies
-  /// too). Remote completion: as alloc. Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each;
-  /// the first call also the heap's creation and the exchange of CUDA IPC handles with the node, at most
-  /// UBEP_WAIT_TIMEOUT. Communicates: collective over comm().
+  /// @note Class: collective (this rank's device copies complete too), except: Blocks: the first call also for the
+  /// heap's creation and the exchange of CUDA IPC handles with the node, at most UBEP_WAIT_TIMEOUT.
   template <class T>
   [[nodiscard]] Symmetric<T> alloc_device(std::size_t count) {
     static_assert(std::is_trivially_copyable_v<T>);
     return Symmetric<T>(state_ptr(), static_cast<T*>(alloc_device_bytes(count, sizeof(T), alignof(T))), count);
   }
   /// Collective: `count` 64-bit signal words, set to `initial` on every rank before any rank returns.
-  /// @note Local completion: on return, as alloc, and this rank's words hold `initial`. Remote completion: no
-  /// rank returns before every rank has set its words to `initial`, so no signal from a peer can be
-  /// overwritten by the initialization. Blocks: quiet(), then two agreements, at most UBEP_WAIT_TIMEOUT each.
-  /// Communicates: collective over comm().
+  /// @note Class: collective, with two agreements: this rank's words hold `initial` on return, and no rank returns
+  /// before every rank has set its words, so the initialization overwrites no peer's signal.
   [[nodiscard]] Symmetric<std::uint64_t> alloc_signals(std::size_t count, std::uint64_t initial = 0);
   /// Collective barrier with a timeout; for setup code only, never used by ubep's data path.
-  /// @note Local completion: on return every operation this rank issued before is complete (quiet()). Remote
-  /// completion: no rank returns before every rank has completed the operations it issued before its barrier.
-  /// Blocks: quiet(), then the agreement, at most UBEP_WAIT_TIMEOUT each. Communicates: collective over
-  /// comm().
+  /// @note Class: collective.
   void barrier();
   /// Collective: every rank passes the same `values` (at most 8) or every rank throws
   /// Errc::collective_mismatch naming `what`, the value names and their range across ranks. For layers
   /// built on ubep (the MoE setup) to check that all ranks were configured alike. `names` has one name per value,
   /// or none; another count throws Errc::invalid_argument on the calling rank, before any communication.
-  /// @note Local completion: on return. Remote completion: none: unlike barrier() it completes no outstanding
-  /// operation. Blocks: until every rank joins, at most UBEP_WAIT_TIMEOUT. Communicates: collective over
-  /// comm().
+  /// @note Class: collective, except: it completes no outstanding operation (no quiet()); Blocks: until every rank
+  /// joins, at most UBEP_WAIT_TIMEOUT.
   void agree(const char* what, std::initializer_list<std::int64_t> values, std::initializer_list<const char*> names);
   /// Bytes of symmetric heap still free (the largest block).
   std::size_t heap_free() const;
 
   // ---- RMA ------------------------------------------------------------------------------------------
   /// Copies `bytes` from local `src` to symmetric `dest` on `pe`.
-  /// @note Local completion: on return (`src` may be reused). Remote completion: self/shm on return; mpi at
-  /// the next quiet() or flush(pe). Blocks: self/shm no; mpi an ordering flush if a fence() is pending, then
-  /// MPI_Win_flush_local(pe), at most UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: see "GPU heap" above.
+  /// @note Class: blocking RMA.
   void put(void* dest, const void* src, std::size_t bytes, int pe);
   /// Copies `bytes` from symmetric `src` on `pe` to local `dest`.
-  /// @note Local completion: on return (`dest` holds the data). Remote completion: none (pe's memory is only
-  /// read). Blocks: self/shm no; mpi an ordering flush if a fence() is pending, then MPI_Win_flush_local(pe),
-  /// at most UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: see "GPU heap" above.
+  /// @note Class: blocking RMA (pe's memory is only read: no remote completion).
   void get(void* dest, const void* src, std::size_t bytes, int pe);
   /// Non-blocking put.
-  /// @note Local completion: self/shm on return; mpi at the next quiet() or flush(pe) (only then may `src` be
-  /// reused). Remote completion: self/shm on return; mpi at the next quiet() or flush(pe). Blocks: self/shm
-  /// no; mpi only for an ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with
-  /// pe. GPU heap: see "GPU heap" above.
+  /// @note Class: non-blocking RMA.
   void put_nbi(void* dest, const void* src, std::size_t bytes, int pe);
   /// Non-blocking get.
-  /// @note Local completion: self/shm on return; mpi at the next quiet() or flush(pe) (only then does `dest`
-  /// hold the data). Remote completion: none (pe's memory is only read). Blocks: self/shm no; mpi only for an
-  /// ordering flush (a pending fence()), at most UBEP_WAIT_TIMEOUT. Communicates: with pe. GPU heap: see "GPU heap"
-  /// above.
+  /// @note Class: non-blocking RMA (pe's memory is only read: no remote completion).
   void get_nbi(void* dest, const void* src, std::size_t bytes, int pe);
 
   /// A local copy of `bytes` from `src` to `dst` (they must not overlap), each anywhere in this process's
@@ -320,8 +342,8 @@ class Context {
   /// Under UBEP_GPU_EMULATE=1 the GPU heap is host memory and every copy is a memcpy. Symmetric or not,
   /// nothing is checked but the pointers (null with bytes > 0: Errc::invalid_argument). moe::Layer moves
   /// device buffers with it (Config::memory).
-  /// @note Local completion: on return `dst` holds the bytes. Remote completion: none. Blocks: for the
-  /// copy (the GPU's, when there is a GPU heap). Communicates: no.
+  /// @note Class: local, except: Local completion: on return `dst` holds the bytes. Blocks: for the copy (the GPU's,
+  /// when there is a GPU heap).
   void copy(void* dst, const void* src, std::size_t bytes);
 
   /// Where this rank can load and store `bytes` of symmetric `dest` on `pe` directly (OpenSHMEM's
@@ -332,12 +354,10 @@ class Context {
   /// with this rank, e.g. by waiting for a later put_signal or signal_op of this rank to pe (release and
   /// acquire, as for put). Atomics on such a word go through ubep (atomic_*), not through the pointer, when
   /// atomics_through_mpi() is true. The pointer is valid until the object is freed.
-  /// @note Local completion: on return (nothing is transferred). Remote completion: none (stores through
-  /// the pointer are complete when they are). Blocks: no. Communicates: no.
+  /// @note Class: local (nothing is transferred; stores through the pointer are complete when they are).
   void* ptr(const void* dest, std::size_t bytes, int pe);
   /// ptr() for `count` elements of T.
-  /// @note As ptr(const void*, std::size_t, int): Local completion: on return. Remote completion: none.
-  /// Blocks: no. Communicates: no.
+  /// @note Class: local, as ptr(const void*, std::size_t, int).
   template <class T>
   T* ptr(T* dest, std::size_t count, int pe) {
     const std::size_t bytes =
@@ -346,17 +366,14 @@ class Context {
   }
 
   /// put() of a span.
-  /// @note As put(void*, const void*, std::size_t, int): Local completion: on return. Remote completion:
-  /// self/shm on return; mpi at the next quiet() or flush(pe). Blocks: mpi only, at most UBEP_WAIT_TIMEOUT.
-  /// Communicates: with pe.
+  /// @note Class: blocking RMA, as put(void*, const void*, std::size_t, int).
   template <class T>
   void put(T* dest, std::span<const T> src, int pe) {
     static_assert(std::is_trivially_copyable_v<T>);
     put(static_cast<void*>(dest), src.data(), src.size_bytes(), pe);
   }
   /// get() into a span.
-  /// @note As get(void*, const void*, std::size_t, int): Local completion: on return. Remote completion:
-  /// none. Blocks: mpi only, at most UBEP_WAIT_TIMEOUT. Communicates: with pe.
+  /// @note Class: blocking RMA, as get(void*, const void*, std::size_t, int).
   template <class T>
   void get(std::span<T> dest, const T* src, int pe) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -408,40 +425,23 @@ class Context {
   // Every atomic first delivers this rank's deferred signals, so updates of one word stay in program order.
 
   /// Adds `value` to *dest on `pe`; returns the old value.
-  /// @note Local completion: on return (the result holds the old value). Remote completion: load/store
-  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
-  /// MPI deferred signals delivered first, an ordering flush, then one round trip to pe (MPI_Fetch_and_op +
-  /// MPI_Win_flush_local), at most UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
+  /// @note Class: fetching atomic (MPI_Fetch_and_op through MPI).
   std::uint64_t atomic_fetch_add(std::uint64_t* dest, std::uint64_t value, int pe);
   /// Non-fetching add; atomic like the others.
-  /// @note Local completion: on return (nothing of the caller's is read later). Remote completion: load/store
-  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
-  /// MPI deferred signals delivered first, an ordering flush (always when data to pe is in flight), then
-  /// MPI_Accumulate, at most UBEP_WAIT_TIMEOUT each. Communicates: with pe.
+  /// @note Class: non-fetching atomic.
   void atomic_add(std::uint64_t* dest, std::uint64_t value, int pe);
   /// Sets *dest to `desired` if it equals `expected`; returns the old value either way.
-  /// @note Local completion: on return (the result holds the old value). Remote completion: load/store
-  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
-  /// MPI deferred signals delivered first, an ordering flush, then one round trip to pe (MPI_Compare_and_swap
-  /// + MPI_Win_flush_local), at most UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
+  /// @note Class: fetching atomic (MPI_Compare_and_swap through MPI).
   std::uint64_t atomic_compare_swap(std::uint64_t* dest, std::uint64_t expected, std::uint64_t desired, int pe);
   /// Sets *dest to `value`; returns the old value.
-  /// @note Local completion: on return (the result holds the old value). Remote completion: load/store
-  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
-  /// MPI deferred signals delivered first, an ordering flush, then one round trip to pe (MPI_Fetch_and_op +
-  /// MPI_Win_flush_local), at most UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
+  /// @note Class: fetching atomic (MPI_Fetch_and_op through MPI).
   std::uint64_t atomic_swap(std::uint64_t* dest, std::uint64_t value, int pe);
   /// Reads *dest atomically.
-  /// @note Local completion: on return (the result holds the value). Remote completion: none (the word is
-  /// only read). Blocks: load/store atomics no; through MPI deferred signals delivered first, an ordering
-  /// flush, then one round trip to pe (MPI_Fetch_and_op with MPI_NO_OP + MPI_Win_flush_local), at most
-  /// UBEP_WAIT_TIMEOUT for any pe. Communicates: with pe.
+  /// @note Class: fetching atomic (MPI_Fetch_and_op with MPI_NO_OP through MPI), except: Remote completion: none (the
+  /// word is only read).
   std::uint64_t atomic_fetch(const std::uint64_t* dest, int pe);
   /// Non-fetching set.
-  /// @note Local completion: on return (nothing of the caller's is read later). Remote completion: load/store
-  /// atomics on return; through MPI at the next quiet() or flush(pe). Blocks: load/store atomics no; through
-  /// MPI deferred signals delivered first, an ordering flush (always when data to pe is in flight), then
-  /// MPI_Accumulate, at most UBEP_WAIT_TIMEOUT each. Communicates: with pe.
+  /// @note Class: non-fetching atomic.
   void atomic_set(std::uint64_t* dest, std::uint64_t value, int pe);
 
   // ---- signals -------------------------------------------------------------------------------------
@@ -479,93 +479,50 @@ class Context {
   /// default progress thread a computing peer still answers). Communicates: with pe (and those peers).
   void signal_op(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe);
   /// The current value of a local signal (an acquire load).
-  /// @note Local completion: on return (the value read). Remote completion: none. Blocks: no. Communicates:
-  /// no (unlike test, it neither delivers deferred signals nor lets MPI progress).
+  /// @note Class: local (an acquire load; unlike test, it neither delivers deferred signals nor lets MPI progress).
   std::uint64_t signal_fetch(const std::uint64_t* sig) const;
 
   /// Blocks until `*sig <cmp> value` holds for the local signal; returns the value observed. Throws
   /// Errc::timeout with a report (signal, value, condition, expected writers) when the deadline passes.
-  /// @note Local completion: on return the condition held, and the data of the put_signal (or the puts before
-  /// the signal_op) that made it hold is visible here (on the mpi route after MPI_Win_sync). Remote
-  /// completion: this rank's deferred signals are delivered first, also when the condition already holds.
-  /// Blocks: until the condition holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline);
-  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
-  /// rank's deferred signals; while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait.
   std::uint64_t wait_until(const std::uint64_t* sig, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
   /// Blocks until every signal in `sigs` satisfies the condition (an empty set returns at once).
-  /// @note Local completion: as wait_until, for every signal. Remote completion: this rank's deferred signals
-  /// are delivered first, also when the condition already holds (not for an empty set). Blocks: until the
-  /// condition holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering
-  /// deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's
-  /// deferred signals; while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait, for every signal (an empty set returns at once and delivers nothing).
   void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value, const WaitOptions& opts = {});
   /// Same, with one value per signal (`values.size() == sigs.size()`; kSignalIgnored leaves a signal out,
   /// and a set left empty returns at once).
-  /// @note Local completion: as wait_until, for every signal awaited. Remote completion: this rank's deferred
-  /// signals are delivered first, also when the condition already holds (not when no signal is awaited).
-  /// Blocks: until the condition holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline);
-  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
-  /// rank's deferred signals; while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait, for every signal awaited (when none is awaited it returns at once and delivers nothing).
   void wait_until_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
                       const WaitOptions& opts = {});
   /// Blocks until at least one signal satisfies the condition; returns its index. An empty set throws
   /// Errc::invalid_argument.
-  /// @note Local completion: as wait_until, for the signal returned. Remote completion: this rank's deferred
-  /// signals are delivered first, also when the condition already holds. Blocks: until the condition holds,
-  /// at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals at most
-  /// UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals; while it
-  /// waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait, for the signal returned.
   std::size_t wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
                              const WaitOptions& opts = {});
   /// Same, with one value per signal; a set with every value kSignalIgnored throws as an empty one.
-  /// @note Local completion: as wait_until, for the signal returned. Remote completion: this rank's deferred
-  /// signals are delivered first, also when the condition already holds. Blocks: until the condition holds,
-  /// at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals at most
-  /// UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals; while it
-  /// waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait, for the signal returned.
   std::size_t wait_until_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::span<const std::uint64_t> values,
                              const WaitOptions& opts = {});
   /// Blocks until at least one signal satisfies the condition; returns the indices of all that do.
-  /// @note Local completion: as wait_until, for every signal returned. Remote completion: this rank's
-  /// deferred signals are delivered first, also when the condition already holds. Blocks: until the condition
-  /// holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals
-  /// at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals;
-  /// while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait, for every signal returned.
   std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value,
                                            const WaitOptions& opts = {});
   /// Same, with one value per signal.
-  /// @note Local completion: as wait_until, for every signal returned. Remote completion: this rank's
-  /// deferred signals are delivered first, also when the condition already holds. Blocks: until the condition
-  /// holds, at most WaitOptions::timeout or UBEP_WAIT_TIMEOUT (0 = no deadline); delivering deferred signals
-  /// at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred signals;
-  /// while it waits it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: wait, for every signal returned.
   std::vector<std::size_t> wait_until_some(std::span<const std::uint64_t> sigs, Cmp cmp,
                                            std::span<const std::uint64_t> values, const WaitOptions& opts = {});
   /// Whether the condition holds now for the local signal. test, test_all, test_any and test_some never
   /// wait for their condition.
-  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
-  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
-  /// delivering deferred signals (mpi: one MPI_Win_flush per peer with data in flight, a round trip, then the
-  /// signals) at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this rank's deferred
-  /// signals; when the mpi route is in use it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: test.
   bool test(const std::uint64_t* sig, Cmp cmp, std::uint64_t value);
   /// test for every signal of `sigs` (true for an empty set).
-  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
-  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
-  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
-  /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
+  /// @note Class: test.
   bool test_all(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
   /// The index of the first signal of `sigs` that satisfies the condition, if any.
-  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
-  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
-  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
-  /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
+  /// @note Class: test.
   std::optional<std::size_t> test_any(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
   /// The indices of every signal of `sigs` that satisfies the condition.
-  /// @note Local completion: on return (the result is what the words held when read). Remote completion: this
-  /// rank's deferred signals are delivered first. Blocks: never for the condition or for a peer's action;
-  /// delivering deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
-  /// rank's deferred signals; when the mpi route is in use it lets MPI progress.
+  /// @note Class: test.
   std::vector<std::size_t> test_some(std::span<const std::uint64_t> sigs, Cmp cmp, std::uint64_t value);
 
   // ---- GPU streams (stream.hpp says what holds) --------------------------------------------------------
@@ -577,17 +534,14 @@ class Context {
   /// release add from a host callback of the stream. Throws as put_signal for bad arguments (rank, range,
   /// alignment), Errc::unsupported without a GPU (with gpu_status()'s reason) or in a build without ubep's
   /// kernels, Errc::cuda (CUDA's error code and name) when CUDA refuses a call.
-  /// @note Local completion: on return nothing has happened yet: `src` is read when the stream reaches the
-  /// call and must stay valid until then. Remote completion: data, then signal, when the stream reaches it
-  /// (cudaStreamSynchronize or an event after it tells when). Blocks: no (the first stream call of the
-  /// context also registers the node's host heaps with CUDA). Communicates: with pe, through its memory;
-  /// no MPI. Thread-safe: no (as every Context call).
+  /// @note Class: stream-ordered: `src` is read when the stream reaches the call and must stay valid until then; data,
+  /// then signal (cudaStreamSynchronize or an event after it tells when). The first stream call of the context also
+  /// registers the node's host heaps with CUDA. Thread-safe: no (as every Context call).
   void put_signal_on_stream(void* dest, const void* src, std::size_t bytes, std::uint64_t* sig, std::uint64_t value,
                             SignalOp op, int pe, GpuStream stream);
   /// A signal update alone, when `stream` reaches it: after everything the stream did before (kernels,
   /// copies), as put_signal_on_stream with no data. Throws as put_signal_on_stream.
-  /// @note Local completion: on return nothing has happened yet. Remote completion: when the stream reaches
-  /// it. Blocks: no. Communicates: with pe, through its memory; no MPI.
+  /// @note Class: stream-ordered (a signal update alone).
   void signal_op_on_stream(std::uint64_t* sig, std::uint64_t value, SignalOp op, int pe, GpuStream stream);
   /// Holds `stream` until the local signal satisfies `*sig <cmp> value` or the deadline (opts.timeout, else
   /// UBEP_WAIT_TIMEOUT; 0 = none) passes on the GPU's clock; either way the stream then goes on, and the
@@ -595,17 +549,14 @@ class Context {
   /// by the GPU with acquire loads at system scope: the data of the put_signal that satisfied it is visible
   /// to the work the stream runs after it. Throws as wait_until for bad arguments, and as
   /// put_signal_on_stream without a GPU or kernels.
-  /// @note Local completion: on return the wait is enqueued; it ends when the stream reaches it and the
-  /// condition holds or the deadline passes. Remote completion: none. Blocks: no (the stream does, one
-  /// thread of one block, at most the deadline). Communicates: no.
+  /// @note Class: stream-ordered, except: Local completion: on return the wait is enqueued; it ends when the stream
+  /// reaches it and the condition holds or the deadline passes. Remote completion: none. Blocks: no (the stream does,
+  /// one thread of one block, at most the deadline). Communicates: no.
   [[nodiscard]] StreamWait wait_until_on_stream(const std::uint64_t* sig, Cmp cmp, std::uint64_t value,
                                                 GpuStream stream, const WaitOptions& opts = {});
 
   /// Lets MPI progress and delivers deferred signals; for long loops that do not otherwise call ubep.
-  /// @note Local completion: none of its own (delivering deferred signals completes the data in flight to the
-  /// peers they follow). Remote completion: this rank's deferred signals are delivered. Blocks: only to
-  /// deliver deferred signals, at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: no messages but this
-  /// rank's deferred signals; when the mpi route is in use it lets MPI progress (MPI_Win_sync + MPI_Iprobe).
+  /// @note Class: test, without a condition: it delivers this rank's deferred signals and lets MPI progress.
   void progress();
 
   /// What this rank runs on (MPI window models, routes, transports in use), for tools and logs.
