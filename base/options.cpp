@@ -278,23 +278,23 @@ struct TextCodec {
 
 template <class E, E... Values>
 struct ChoiceCodec {
-  static std::string type() {
-    std::string t = "one of";
-    for (const E v : {Values...}) t += std::string(t.size() == 6 ? " " : ", ") + to_string(v);
-    return t;
+  // The names of the choices, "a, b<last>c".
+  static std::string names(const char* last) {
+    std::string out;
+    std::size_t i = 0;
+    for (const E v : {Values...}) {
+      out += (i == 0 ? "" : i + 1 == sizeof...(Values) ? last : ", ") + std::string(to_string(v));
+      ++i;
+    }
+    return out;
   }
+  static std::string type() { return "one of " + names(", "); }
   static E parse(const std::string& text, const char* name) {
     const std::string t = trim(text);
     for (const E v : {Values...}) {
       if (t == to_string(v)) return v;
     }
-    std::string expected;  // "a, b or c"
-    std::size_t i = 0;
-    for (const E v : {Values...}) {
-      expected += (i == 0 ? "" : i + 1 == sizeof...(Values) ? " or " : ", ") + std::string(to_string(v));
-      ++i;
-    }
-    bad(name, text, "expected " + expected);
+    bad(name, text, "expected " + names(" or "));
   }
   static std::string show(E v) { return to_string(v); }
 };
