@@ -4,8 +4,7 @@
 #include <climits>
 #include <cstring>
 
-#include "moe/handle.hpp"
-#include "ubep/moe.hpp"
+#include "moe/layer_impl.hpp"
 
 namespace ubep::moe {
 namespace {
@@ -18,11 +17,11 @@ int as_int(std::size_t v, int rank, const char* what) {
 }
 }  // namespace
 
-BspLayer::BspLayer(Context& ctx, const Config& config) : LayerBase(ctx, config, "moe::BspLayer") {}
-BspLayer::~BspLayer() = default;
-std::size_t BspLayer::buffer_bytes() const { return peak_bytes_; }
+BspImpl::BspImpl(Context& ctx, const Config& config) : LayerImpl(ctx, config, "moe::BspLayer") {}
+BspImpl::~BspImpl() = default;
+std::size_t BspImpl::buffer_bytes() const { return peak_bytes_; }
 
-void BspLayer::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
+void BspImpl::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
   const int P = size_, L = map_.max_local();
   MPI_Comm comm = ctx_.comm();
   // Counts: [P x L] ints to every rank.
@@ -82,11 +81,11 @@ void BspLayer::send(HandleState& h, std::span<const std::byte> tokens, std::span
   peak_bytes_ = std::max(peak_bytes_, sendbuf.size() + h.bsp_recv.size() + out_total + back);
 }
 
-void BspLayer::dispatch_recv(Handle& h) { check_handle(h, "dispatch_recv"); }
+void BspImpl::dispatch_recv(Handle& h) { check_handle(h, "dispatch_recv"); }
 
-std::optional<int> BspLayer::next_expert(Handle& h) {
+std::optional<int> BspImpl::next_expert(Handle& h) {
   check_handle(h, "next_expert");
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   if (s.num_returned == local_experts()) return std::nullopt;
   for (int le = 0; le < local_experts(); ++le) {
     if (!s.returned[le]) {
@@ -98,9 +97,9 @@ std::optional<int> BspLayer::next_expert(Handle& h) {
   return std::nullopt;
 }
 
-void BspLayer::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
+void BspImpl::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   const int P = size_;
   // Outputs of this expert go into each source's block at the source's (local expert, j) order.
   std::size_t row = 0;
@@ -117,11 +116,11 @@ void BspLayer::send_outputs(Handle& h, int local, std::span<const std::byte> out
   ++s.num_combined;
 }
 
-void BspLayer::recv_outputs(Handle& h, std::span<float> out) {
+void BspImpl::recv_outputs(Handle& h, std::span<float> out) {
   // Every rank checks the order before the collective: calls out of order would pair another call's
   // MPI_Alltoallv with ours on a rank that completes them in order.
   check_combine_recv(h);
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   const int P = size_, L = map_.max_local();
   std::vector<int> scounts(P), sdispl(P), rcounts(P), rdispl(P);
   for (int p = 0; p < P; ++p) {

@@ -105,7 +105,7 @@ std::size_t dedup_heap_bytes(const Config& config, const Topology& topology, uns
   return dedup_heap_bytes(config, dedup::nodes_of(topology), run_ahead);
 }
 
-Layer::Dedup::Dedup(Layer& parent, Context& context)
+OneSidedImpl::Dedup::Dedup(OneSidedImpl& parent, Context& context)
     : layer(parent), ctx(context), shape(parent.config_, parent.node_, context.options().run_ahead) {
   rank = layer.rank_;
   float_rows = layer.partial_f32();
@@ -158,18 +158,18 @@ Layer::Dedup::Dedup(Layer& parent, Context& context)
   hidden = static_cast<std::size_t>(layer.config_.hidden);
 }
 
-bool Layer::Dedup::owner_gathers(int source, int owner) const {
+bool OneSidedImpl::Dedup::owner_gathers(int source, int owner) const {
   return writes_direct(source, owner) && layer.map_.count(owner) > 0 &&
          !dedup::packed(ctx.route(source == rank ? owner : source));
 }
 
-bool Layer::Dedup::ready(std::size_t signal, std::uint64_t value) {
+bool OneSidedImpl::Dedup::ready(std::size_t signal, std::uint64_t value) {
   if (seen[signal] >= value) return true;
   awaited[signal] = std::min(awaited[signal], value);
   return false;
 }
 
-void Layer::Dedup::serve(const std::function<bool()>& pred, const char* what) {
+void OneSidedImpl::Dedup::serve(const std::function<bool()>& pred, const char* what) {
   for (;;) {
     while (relay_work()) {
     }
@@ -189,7 +189,7 @@ void Layer::Dedup::serve(const std::function<bool()>& pred, const char* what) {
   }
 }
 
-void Layer::Dedup::progress() {
+void OneSidedImpl::Dedup::progress() {
   for (;;) {
     bool moved = relay_work();
     for (std::size_t i = 0; i < shape.signal_count; ++i) {
@@ -203,7 +203,7 @@ void Layer::Dedup::progress() {
   ctx.progress();
 }
 
-std::string Layer::Dedup::awaited_report() const {
+std::string OneSidedImpl::Dedup::awaited_report() const {
   std::string out = "moe::Layer (" + std::string(to_string(layer.config_.combine)) + ") awaited:";
   std::size_t listed = 0, more = 0;
   const int my_node = shape.node_of[rank];
@@ -238,15 +238,15 @@ std::string Layer::Dedup::awaited_report() const {
   return out;
 }
 
-std::byte* Layer::Dedup::stage(std::uint64_t key, std::size_t bytes, int pe) {
+std::byte* OneSidedImpl::Dedup::stage(std::uint64_t key, std::size_t bytes, int pe) {
   std::vector<std::byte>& v = stages[key];
   if (!v.empty() && ctx.route(pe) == Route::ucx) ctx.flush_local(pe);
   if (v.size() < bytes) v.resize(bytes);
   return v.data();
 }
 
-Layer::Dedup::RegionWriter::RegionWriter(Dedup& layer_dedup, int target, std::byte* region, std::uint64_t key,
-                                         std::size_t bytes)
+OneSidedImpl::Dedup::RegionWriter::RegionWriter(Dedup& layer_dedup, int target, std::byte* region, std::uint64_t key,
+                                                std::size_t bytes)
     : parent(layer_dedup), pe(target), remote(region), packed(dedup::packed(layer_dedup.ctx.route(target))) {
   if (packed) {
     dest = parent.stage(key, bytes, target);
@@ -255,18 +255,18 @@ Layer::Dedup::RegionWriter::RegionWriter(Dedup& layer_dedup, int target, std::by
   }
 }
 
-void Layer::Dedup::RegionWriter::write(std::size_t offset, const void* from, std::size_t n) {
+void OneSidedImpl::Dedup::RegionWriter::write(std::size_t offset, const void* from, std::size_t n) {
   if (n == 0) return;
   std::memcpy(dest + offset, from, n);
   extent = std::max(extent, offset + n);
 }
 
-std::byte* Layer::Dedup::RegionWriter::in_place(std::size_t offset, std::size_t n) {
+std::byte* OneSidedImpl::Dedup::RegionWriter::in_place(std::size_t offset, std::size_t n) {
   extent = std::max(extent, offset + n);
   return dest + offset;
 }
 
-void Layer::Dedup::RegionWriter::finish(std::size_t signal, std::uint64_t value) {
+void OneSidedImpl::Dedup::RegionWriter::finish(std::size_t signal, std::uint64_t value) {
   std::uint64_t* at = &parent.signal_buf[signal];
   if (packed) {
     parent.ctx.put_signal_nbi(remote, dest, extent, at, value, SignalOp::set, pe);
@@ -275,12 +275,12 @@ void Layer::Dedup::RegionWriter::finish(std::size_t signal, std::uint64_t value)
   }
 }
 
-void Layer::Dedup::internal(const std::string& what) const {
+void OneSidedImpl::Dedup::internal(const std::string& what) const {
   throw Error(Errc::internal, "ubep: rank " + std::to_string(rank) + ": moe::Layer (" +
                                   to_string(layer.config_.combine) + "): " + what);
 }
 
-void Layer::Dedup::protocol(const std::string& why, const char* what, int from, std::uint64_t call) const {
+void OneSidedImpl::Dedup::protocol(const std::string& why, const char* what, int from, std::uint64_t call) const {
   if (why.empty()) return;
   throw Error(Errc::protocol, "ubep: rank " + std::to_string(rank) + ": moe::Layer (" +
                                   to_string(layer.config_.combine) + "): " + what + " from rank " +
@@ -288,7 +288,7 @@ void Layer::Dedup::protocol(const std::string& why, const char* what, int from, 
                                   " breaks the protocol: " + why);
 }
 
-std::size_t Layer::Dedup::buffer_bytes() const {
+std::size_t OneSidedImpl::Dedup::buffer_bytes() const {
   std::size_t b = shape.heap();
   for (const auto& [key, v] : stages) b += v.size();
   return b;
@@ -296,7 +296,7 @@ std::size_t Layer::Dedup::buffer_bytes() const {
 
 // ---- source ---------------------------------------------------------------------------------------------
 
-void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, std::span<const float> scales) {
+void OneSidedImpl::Dedup::send(HandleState& state, std::span<const std::byte> tokens, std::span<const float> scales) {
   const std::size_t ranks = shape.ranks, topk = shape.topk, num_tokens = static_cast<std::size_t>(state.n),
                     set = static_cast<std::size_t>(state.set);
   const std::size_t payload = static_cast<std::size_t>(layer.config_.hidden) * element_size(layer.config_.dtype);
@@ -340,11 +340,7 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
     }
     staged = true;
   }
-  if (staged) {
-    std::vector<int> all(num_tokens);
-    std::iota(all.begin(), all.end(), 0);
-    layer.pack(all, token_buf.data() + set * shape.max_tokens * shape.staged_stride, tokens, scales);
-  }
+  if (staged) layer.stage_tokens(state, token_buf.data(), tokens, scales);
   for (int target : schedule) {
     const bool relay = !writes_direct(rank, target);
     if (relay
@@ -406,7 +402,7 @@ void Layer::Dedup::send(HandleState& state, std::span<const std::byte> tokens, s
   ctx.progress();
 }
 
-void Layer::Dedup::combine_recv(HandleState& state, std::span<float> out) {
+void OneSidedImpl::Dedup::combine_recv(HandleState& state, std::span<float> out) {
   const std::size_t ranks = shape.ranks, set = static_cast<std::size_t>(state.set);
   const std::string what = "moe combine of call " + std::to_string(state.call);
   serve(

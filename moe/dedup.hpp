@@ -43,8 +43,7 @@
 #include <string>
 #include <vector>
 
-#include "moe/handle.hpp"
-#include "ubep/moe.hpp"
+#include "moe/layer_impl.hpp"
 #include "ubep/topology.hpp"
 
 namespace ubep::moe {
@@ -99,7 +98,7 @@ struct Shape {
 std::size_t dedup_heap_bytes(const Config& config, const std::vector<int>& node_of, unsigned run_ahead);
 std::size_t dedup_heap_bytes(const Config& config, const Topology& topology, unsigned run_ahead);
 
-struct Layer::Dedup {
+struct OneSidedImpl::Dedup {
   /// Where a relay is with a (set, inbox slot): awaiting its source's inbox, forwarding it to the owners of its
   /// node (to each once that owner released the set), awaiting the partial rows of the owners that got records.
   enum class Phase { awaiting_inbox, forwarding, awaiting_partial_rows };
@@ -135,7 +134,7 @@ struct Layer::Dedup {
     void finish(std::size_t signal, std::uint64_t value);
   };
 
-  Layer& layer;
+  OneSidedImpl& layer;
   Context& ctx;
   dedup::Shape shape;
   int rank = 0;
@@ -158,7 +157,7 @@ struct Layer::Dedup {
   std::map<std::uint64_t, std::vector<std::byte>> stages;  // staging copies for the network routes
   std::size_t hidden = 0;
 
-  Dedup(Layer& parent, Context& context);
+  Dedup(OneSidedImpl& parent, Context& context);
 
   /// Whether `source` writes straight to `owner` (else through source's relay on owner's node).
   bool writes_direct(int source, int owner) const {

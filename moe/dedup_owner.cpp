@@ -10,7 +10,7 @@
 
 namespace ubep::moe {
 
-std::optional<int> Layer::Dedup::next_expert(HandleState& state) {
+std::optional<int> OneSidedImpl::Dedup::next_expert(HandleState& state) {
   const int num_local = layer.local_experts();
   if (state.num_returned == num_local) return std::nullopt;
   if (!state.dd_received) receive(state);
@@ -33,7 +33,7 @@ std::optional<int> Layer::Dedup::next_expert(HandleState& state) {
   return std::nullopt;
 }
 
-void Layer::Dedup::receive(HandleState& state) {
+void OneSidedImpl::Dedup::receive(HandleState& state) {
   const std::size_t ranks = shape.ranks, set = static_cast<std::size_t>(state.set);
   const std::string what = "moe dispatch of call " + std::to_string(state.call);
   serve(
@@ -124,7 +124,7 @@ void Layer::Dedup::receive(HandleState& state) {
   state.dd_kept_outputs.resize(num_local);
 }
 
-void Layer::Dedup::regroup(HandleState& state, int local) {
+void OneSidedImpl::Dedup::regroup(HandleState& state, int local) {
   const std::size_t payload = static_cast<std::size_t>(layer.config_.hidden) * element_size(layer.config_.dtype);
   const auto& records = state.dd_expert_tokens[local];
   std::vector<std::byte>& data = state.expert_data[local];
@@ -140,7 +140,7 @@ void Layer::Dedup::regroup(HandleState& state, int local) {
   ++state.num_ready;
 }
 
-void Layer::Dedup::release(HandleState& state) {
+void OneSidedImpl::Dedup::release(HandleState& state) {
   if (state.released) return;
   state.released = true;
   set_received[state.set] = 1;
@@ -155,7 +155,7 @@ void Layer::Dedup::release(HandleState& state) {
   ctx.progress();
 }
 
-void Layer::Dedup::dispatch_recv(HandleState& state) {
+void OneSidedImpl::Dedup::dispatch_recv(HandleState& state) {
   std::vector<std::uint8_t> returned = state.returned;
   const int was = state.num_returned;
   for (int local = 0; local < layer.local_experts(); ++local) {
@@ -167,7 +167,7 @@ void Layer::Dedup::dispatch_recv(HandleState& state) {
   state.num_returned = was;
 }
 
-void Layer::Dedup::combine_send(HandleState& state, int local, std::span<const std::byte> outputs) {
+void OneSidedImpl::Dedup::combine_send(HandleState& state, int local, std::span<const std::byte> outputs) {
   const std::size_t out_bytes = layer.out_token_bytes_, set = static_cast<std::size_t>(state.set);
   const bool outputs_f32 = output_dtype(layer.config_.dtype) == DType::f32;
   if (state.num_combined == 0) {

@@ -10,7 +10,7 @@
 
 namespace ubep::moe {
 
-bool Layer::Dedup::relay_work() {
+bool OneSidedImpl::Dedup::relay_work() {
   bool moved = false;
   for (std::size_t set = 0; set < shape.sets; ++set) {
     for (std::size_t slot = 0; slot < my_inbox_slots(); ++slot) moved = advance_slot(set, slot) || moved;
@@ -20,7 +20,7 @@ bool Layer::Dedup::relay_work() {
 }
 
 template <class F>
-void Layer::Dedup::for_owners(const std::byte* record, F&& f) const {
+void OneSidedImpl::Dedup::for_owners(const std::byte* record, F&& f) const {
   std::uint32_t count;
   std::memcpy(&count, record + shape.token_slot, 4);
   if (count > std::min(shape.topk, shape.max_local * shape.node_size)) {
@@ -38,7 +38,7 @@ void Layer::Dedup::for_owners(const std::byte* record, F&& f) const {
   }
 }
 
-bool Layer::Dedup::advance_slot(std::size_t set, std::size_t slot) {
+bool OneSidedImpl::Dedup::advance_slot(std::size_t set, std::size_t slot) {
   RelaySlot& relay = relay_slots[set * shape.inbox_slots + slot];
   const int source = shape.relayed[rank][slot];
   const std::size_t num_owners = local_owners.size();
@@ -121,8 +121,8 @@ bool Layer::Dedup::advance_slot(std::size_t set, std::size_t slot) {
   return moved;
 }
 
-void Layer::Dedup::forward(std::size_t set, std::size_t slot, int source, std::size_t owner_index,
-                           const RelaySlot& relay, const std::byte* inbox) {
+void OneSidedImpl::Dedup::forward(std::size_t set, std::size_t slot, int source, std::size_t owner_index,
+                                  const RelaySlot& relay, const std::byte* inbox) {
   const int owner = local_owners[owner_index];
   const std::size_t records = relay.owner_records[owner_index];
   std::byte* region = chunk_buf.data() + (set * shape.ranks + source) * shape.chunk_bytes;
@@ -164,7 +164,7 @@ void Layer::Dedup::forward(std::size_t set, std::size_t slot, int source, std::s
   out.finish(shape.chunk_signals + set * shape.ranks + source, dedup::tag(relay.call) | records);
 }
 
-void Layer::Dedup::send_node_rows(std::size_t set, std::size_t slot, int source, const RelaySlot& relay) {
+void OneSidedImpl::Dedup::send_node_rows(std::size_t set, std::size_t slot, int source, const RelaySlot& relay) {
   const std::byte* partial_rows = row_buf.data() + (set * (shape.source_rows + shape.inbox_slots * shape.relay_rows) +
                                                     shape.source_rows + slot * shape.relay_rows) *
                                                        shape.row_bytes;

@@ -1,6 +1,6 @@
 // The CPU loops of dispatch/combine (private to moe/): packing tokens into a send buffer, regrouping the
 // received batches of one local expert into one array, and the weighted reduction of the expert outputs.
-// Plain arguments only, so that bench/micro/ times exactly the code both layers run (LayerBase::pack,
+// Plain arguments only, so that bench/micro/ times exactly the code both layers run (LayerImpl::pack,
 // regroup and reduce are thin wrappers around these).
 #pragma once
 

@@ -28,15 +28,14 @@
 #include <string>
 
 #include "moe/dedup.hpp"
-#include "moe/handle.hpp"
 #include "moe/kernels.hpp"
+#include "moe/layer_impl.hpp"
 #include "moe/wire.hpp"
-#include "ubep/moe.hpp"
 #include "ubep/topology.hpp"
 
 namespace ubep::moe {
 
-struct Layer::Impl {
+struct OneSidedImpl::PerExpert {
   Symmetric<std::byte> dbuf, cbuf, tbuf;
   Symmetric<std::uint64_t> dsig, csig, rel;
   std::vector<int> schedule;
@@ -104,14 +103,14 @@ std::size_t zero_copy_rows(const Config& c, const Geometry& g, std::size_t ranks
 }
 }  // namespace
 
-std::size_t Layer::heap_bytes(const Config& config, const Topology& t, unsigned run_ahead) {
+std::size_t OneSidedImpl::heap_bytes(const Config& config, const Topology& t, unsigned run_ahead) {
   Config c = config;
   c.combine = resolve_combine(c.combine, t);
   if (c.combine == Combine::per_expert) return heap_bytes(c, t.size(), run_ahead);
   return dedup_heap_bytes(c, t, run_ahead);
 }
 
-std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
+std::size_t OneSidedImpl::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   // One node: automatic is per_expert (resolve_combine).
   if (c.combine != Combine::per_expert && c.combine != Combine::automatic) {
     return dedup_heap_bytes(c, std::vector<int>(std::max(ranks, 1), 0), run_ahead);
@@ -129,7 +128,7 @@ std::size_t Layer::heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
          up64(S * P * 8) + up64(P * 8) + zero_copy + 4096;
 }
 
-void Layer::check_heap(std::size_t need) const {
+void OneSidedImpl::check_heap(std::size_t need) const {
   const std::size_t largest = ctx_.heap_free();
   if (need > largest) {
     // The advice, set exactly, must fit. The Context rounds UBEP_HEAP_SIZE up to 4 KiB, so more can be
@@ -145,7 +144,8 @@ void Layer::check_heap(std::size_t need) const {
   }
 }
 
-Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"), impl_(std::make_unique<Impl>()) {
+OneSidedImpl::OneSidedImpl(Context& ctx, const Config& cfg)
+    : LayerImpl(ctx, cfg, "moe::Layer"), per_expert_(std::make_unique<PerExpert>()) {
   const Config& config = config_;  // Config::combine resolved
   if (config.combine != Combine::per_expert) {
     dedup_ = std::make_unique<Dedup>(*this, ctx);
@@ -154,55 +154,57 @@ Layer::Layer(Context& ctx, const Config& cfg) : LayerBase(ctx, cfg, "moe::Layer"
   const std::size_t S = ctx.options().run_ahead, P = size_;
   const std::size_t M = static_cast<std::size_t>(config.max_tokens_per_rank);
   const Geometry g = geometry(config, map_);
-  impl_->region = g.region;
-  impl_->header = g.header;
+  per_expert_->region = g.region;
+  per_expert_->header = g.header;
   const std::size_t need = heap_bytes(config, size_, ctx.options().run_ahead);
   check_heap(need);
-  impl_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
-  impl_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
-  impl_->tbuf = ctx.alloc<std::byte>(S * M * token_bytes_);
-  impl_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
-  impl_->csig = ctx.alloc_signals(S * P);
-  impl_->rel = ctx.alloc_signals(P);
-  impl_->orows = zero_copy_rows(config, g, P);
-  if (impl_->orows) {
-    impl_->obuf = ctx.alloc<std::byte>(S * impl_->orows * out_token_bytes_);
-    impl_->otab = ctx.alloc<std::uint64_t>(S * P * static_cast<std::size_t>(map_.max_local()));
+  per_expert_->dbuf = ctx.alloc<std::byte>(S * P * g.region);
+  per_expert_->cbuf = ctx.alloc<std::byte>(S * M * config.topk * out_token_bytes_);
+  per_expert_->tbuf = ctx.alloc<std::byte>(S * M * token_bytes_);
+  per_expert_->dsig = ctx.alloc_signals(S * (map_.max_local() + 1) * P);
+  per_expert_->csig = ctx.alloc_signals(S * P);
+  per_expert_->rel = ctx.alloc_signals(P);
+  per_expert_->orows = zero_copy_rows(config, g, P);
+  if (per_expert_->orows) {
+    per_expert_->obuf = ctx.alloc<std::byte>(S * per_expert_->orows * out_token_bytes_);
+    per_expert_->otab = ctx.alloc<std::uint64_t>(S * P * static_cast<std::size_t>(map_.max_local()));
   }
-  impl_->heap = need;
-  impl_->received.assign(S, 0);
-  impl_->schedule = ubep::schedule(ctx.topology(), rank_, ctx.options().schedule);
-  impl_->peers.resize(P);
-  std::iota(impl_->peers.begin(), impl_->peers.end(), 0);
+  per_expert_->heap = need;
+  per_expert_->received.assign(S, 0);
+  per_expert_->schedule = ubep::schedule(ctx.topology(), rank_, ctx.options().schedule);
+  per_expert_->peers.resize(P);
+  std::iota(per_expert_->peers.begin(), per_expert_->peers.end(), 0);
   for (int row = 0; row <= map_.max_local(); ++row) {
-    impl_->writers.insert(impl_->writers.end(), impl_->peers.begin(), impl_->peers.end());
+    per_expert_->writers.insert(per_expert_->writers.end(), per_expert_->peers.begin(), per_expert_->peers.end());
   }
   bool any_packed = false;
   for (int d = 0; d < size_; ++d) {
     any_packed = any_packed || packed(ctx.route(d));
-    impl_->ucx = impl_->ucx || ctx.route(d) == Route::ucx;
+    per_expert_->ucx = per_expert_->ucx || ctx.route(d) == Route::ucx;
   }
   // One call's regions to all network-route peers: a header each, and at most M x topk tokens in all.
-  if (any_packed) impl_->stage_bytes = P * g.header + M * config.topk * token_bytes_;
-  impl_->staging.resize(impl_->stage_bytes * (impl_->ucx ? S : 1));
+  if (any_packed) per_expert_->stage_bytes = P * g.header + M * config.topk * token_bytes_;
+  per_expert_->staging.resize(per_expert_->stage_bytes * (per_expert_->ucx ? S : 1));
 }
 
-Layer::~Layer() = default;
-void Layer::progress() {
+OneSidedImpl::~OneSidedImpl() = default;
+void OneSidedImpl::progress() {
   if (dedup_) {
     dedup_->progress();
   } else {
     ctx_.progress();
   }
 }
-const std::vector<int>& Layer::schedule() const noexcept { return dedup_ ? dedup_->schedule : impl_->schedule; }
-std::size_t Layer::buffer_bytes() const {
-  return dedup_ ? dedup_->buffer_bytes() : impl_->heap + impl_->staging.size();
+const std::vector<int>& OneSidedImpl::schedule() const noexcept {
+  return dedup_ ? dedup_->schedule : per_expert_->schedule;
+}
+std::size_t OneSidedImpl::buffer_bytes() const {
+  return dedup_ ? dedup_->buffer_bytes() : per_expert_->heap + per_expert_->staging.size();
 }
 
-void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
+void OneSidedImpl::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
   if (dedup_) return dedup_->send(h, tokens, scales);
-  Impl& m = *impl_;
+  PerExpert& m = *per_expert_;
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
   std::vector<std::uint64_t> header(2 * L);
   std::size_t staged = 0;
@@ -219,12 +221,7 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
     wait_released(d);
     gathered = true;
   }
-  if (gathered) {
-    std::vector<int> all(static_cast<std::size_t>(h.n));
-    std::iota(all.begin(), all.end(), 0);
-    pack(all, m.tbuf.data() + static_cast<std::size_t>(h.set) * config_.max_tokens_per_rank * token_bytes_, tokens,
-         scales);
-  }
+  if (gathered) stage_tokens(h, m.tbuf.data(), tokens, scales);
   for (int d : m.schedule) {
     const int local_d = map_.count(d);
     if (local_d == 0) continue;  // d owns no expert: nothing to write, nothing to signal
@@ -283,11 +280,11 @@ void Layer::send(HandleState& h, std::span<const std::byte> tokens, std::span<co
   ctx_.progress();
 }
 
-std::optional<int> Layer::next_expert(Handle& h) {
+std::optional<int> OneSidedImpl::next_expert(Handle& h) {
   check_handle(h, "next_expert");
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   if (dedup_) return dedup_->next_expert(s);
-  Impl& m = *impl_;
+  PerExpert& m = *per_expert_;
   const int local = local_experts();
   release_if_done(s);  // a rank without experts releases at once
   if (s.num_returned == local) return std::nullopt;
@@ -390,7 +387,7 @@ std::optional<int> Layer::next_expert(Handle& h) {
   }
 }
 
-void Layer::release_if_done(HandleState& s) {
+void OneSidedImpl::release_if_done(HandleState& s) {
   if (s.released || s.num_ready != local_experts()) return;
   s.released = true;
   if (local_experts() == 0) return;  // no source writes to an owner without experts, nor waits for it
@@ -398,7 +395,7 @@ void Layer::release_if_done(HandleState& s) {
   // to c is released (it then writes call c + S into set c % S), so releases go out in call order: a call
   // received before an older one is marked here and released with it. At most S calls are in flight, one
   // per set, so the mark of the set of call `released` is that call's.
-  Impl& m = *impl_;
+  PerExpert& m = *per_expert_;
   const std::size_t S = ctx_.options().run_ahead;
   m.received[s.set] = 1;
   const std::uint64_t was = m.released;
@@ -408,9 +405,9 @@ void Layer::release_if_done(HandleState& s) {
   ctx_.progress();
 }
 
-void Layer::dispatch_recv(Handle& h) {
+void OneSidedImpl::dispatch_recv(Handle& h) {
   check_handle(h, "dispatch_recv");
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   if (dedup_) return dedup_->dispatch_recv(s);
   // Complete every expert; hand-out state is restored so that next_expert still returns each once.
   std::vector<std::uint8_t> returned = s.returned;
@@ -421,8 +418,8 @@ void Layer::dispatch_recv(Handle& h) {
   s.num_returned = was;
 }
 
-std::span<std::byte> Layer::heap_outputs(HandleState& s, int local, std::size_t bytes) {
-  Impl& m = *impl_;
+std::span<std::byte> OneSidedImpl::heap_outputs(HandleState& s, int local, std::size_t bytes) {
+  PerExpert& m = *per_expert_;
   if (dedup_ || m.orows == 0) return {};
   const std::size_t rows = bytes / out_token_bytes_;
   if (rows > m.orows - s.out_cursor) {
@@ -435,11 +432,11 @@ std::span<std::byte> Layer::heap_outputs(HandleState& s, int local, std::size_t 
   return {first, bytes};
 }
 
-void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
+void OneSidedImpl::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   if (dedup_) return dedup_->combine_send(s, local, outputs);
-  Impl& m = *impl_;
+  PerExpert& m = *per_expert_;
   const std::size_t P = size_, L = map_.max_local();
   const std::size_t Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
   const int experts = local_experts();
@@ -531,17 +528,17 @@ void Layer::send_outputs(Handle& h, int local, std::span<const std::byte> output
   if (!s.out_stage.empty()) m.out_pool.push_back(std::move(s.out_stage));
 }
 
-void Layer::recv_outputs(Handle& h, std::span<float> out) {
+void OneSidedImpl::recv_outputs(Handle& h, std::span<float> out) {
   // In dispatch order: a source may dispatch call c + S into set c % S as soon as fewer than S of its calls
   // are in flight, so a later call completed first would let call c + S overwrite call c's outputs.
   check_combine_recv(h);
-  HandleState& s = h.state();
+  HandleState& s = state_of(h);
   if (dedup_) {
     dedup_->combine_recv(s, out);
     finish(s);
     return;
   }
-  Impl& m = *impl_;
+  PerExpert& m = *per_expert_;
   const std::size_t P = size_, L = map_.max_local();
   // Owner d signals us once it has sent the outputs of all its experts, if we sent it any token.
   std::vector<std::uint64_t> want(P, 0);

@@ -72,7 +72,7 @@ void fill_bytes(std::vector<std::byte>& v, std::uint32_t seed) {
   }
 }
 
-// One call's send plan, as LayerBase::dispatch_send builds it: per (t, a) the expert, weight and position
+// One call's send plan, as LayerImpl::dispatch_send builds it: per (t, a) the expert, weight and position
 // in its batch; per (dest, local expert) the batch's tokens and its offset in the combine buffer.
 struct Plan {
   ubep::moe::ExpertMap map{kExperts, kRanks};
@@ -139,7 +139,7 @@ void set_rates(benchmark::State& state, std::size_t items, std::size_t bytes) {
 // --- pack: the tokens a rank sends to one peer ---------------------------------------------------------
 // `tokens` tokens on this rank, top-8 of 64 experts on 8 ranks: about `tokens` rows go to each peer. One
 // iteration packs every batch (local expert) of peer 0 at token_stride into its staging region, as the
-// mpi route of moe::Layer::send does per peer (BspLayer packs every peer alike).
+// mpi route of moe::OneSidedImpl::send does per peer (BspLayer packs every peer alike).
 struct PackInput {
   Plan plan;
   std::vector<std::byte> tokens, staging;
@@ -180,7 +180,7 @@ BENCHMARK_CAPTURE(BM_pack, e4m3, DType::e4m3)->Name("pack/e4m3")->Apply(moe_shap
 // --- regroup: one local expert's tokens out of the received blocks --------------------------------------
 // `tokens` tokens for one local expert, from 8 sources (uneven counts), each source's rows at token_stride
 // in its own receive region after those of the source's earlier experts; one iteration copies them into
-// one contiguous [tokens x hidden] array (plus the e4m3 scales), as LayerBase::regroup does.
+// one contiguous [tokens x hidden] array (plus the e4m3 scales), as LayerImpl::regroup does.
 struct RegroupInput {
   std::vector<int> counts;
   std::vector<std::vector<std::byte>> regions;
@@ -225,7 +225,7 @@ BENCHMARK_CAPTURE(BM_regroup, e4m3, DType::e4m3)->Name("regroup/e4m3")->Apply(mo
 // --- reduce: the combine's weighted sum back into token order -------------------------------------------
 // `tokens` tokens x top-8 expert outputs of output_dtype (bf16 for bf16 and e4m3 dispatch, f32 for f32) in
 // the combine buffer, laid out dest-major by the plan; one iteration writes out[t] = sum_k w * y, as
-// LayerBase::reduce (combine_recv) does. The combine buffer holds tokens x 8 rows: shapes stay <= 1024.
+// LayerImpl::reduce (combine_recv) does. The combine buffer holds tokens x 8 rows: shapes stay <= 1024.
 struct ReduceInput {
   Plan plan;
   std::vector<std::byte> combine;

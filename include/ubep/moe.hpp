@@ -198,7 +198,8 @@ struct ExpertMap {
   int max_local() const { return (num_experts + ranks - 1) / ranks; }
 };
 
-struct HandleState;
+class LayerImpl;     // the implementation behind a layer (internal, moe/layer_impl.hpp)
+struct HandleState;  // the state of one call (internal, moe/handle.hpp)
 /// One dispatch/combine call in flight. Move-only; valid until combine_recv returns.
 class Handle {
  public:
@@ -208,10 +209,9 @@ class Handle {
   ~Handle();
   std::uint64_t call() const;  ///< this rank's call number (0, 1, 2, ...)
   int tokens() const;          ///< n of this call on this rank
-  HandleState& state() const { return *state_; }
 
  private:
-  friend class LayerBase;
+  friend class LayerImpl;
   std::unique_ptr<HandleState> state_;
 };
 
@@ -224,26 +224,32 @@ struct ExpertTokens {
   std::span<const float> scales;    ///< e4m3 only: one scale per token
 };
 
-/// The common interface and the checks shared by both implementations.
+/// The interface of both implementations: every call of a layer, with its contract. Layer and BspLayer add
+/// their constructors (and Layer its own few calls); their state lives behind this interface, in moe/.
 class LayerBase {
  public:
+  LayerBase(const LayerBase&) = delete;
+  LayerBase& operator=(const LayerBase&) = delete;
   virtual ~LayerBase();
   /// The config given to the constructor, with Config::combine resolved (resolve_combine).
-  const Config& config() const noexcept { return config_; }
-  const ExpertMap& experts() const noexcept { return map_; }
-  int local_experts() const noexcept { return map_.count(rank_); }
+  const Config& config() const noexcept;
+  /// Which rank owns which expert.
+  const ExpertMap& experts() const noexcept;
+  /// The number of experts this rank owns.
+  int local_experts() const noexcept;
   /// Bytes of communication buffers this implementation holds on this rank (symmetric + local), host memory.
-  virtual std::size_t buffer_bytes() const = 0;
+  std::size_t buffer_bytes() const;
   /// Bytes of the GPU heap this layer holds on this rank (Memory::device: the expert batches; 0 for host).
-  std::size_t device_buffer_bytes() const noexcept { return device_rows_.size(); }
+  std::size_t device_buffer_bytes() const noexcept;
   /// The GPU heap bytes a layer of `config` takes per rank on `ranks` ranks at this run-ahead: for
   /// Memory::device run_ahead x (round256(R x token bytes) + round256(R x 4) for e4m3), R = ranks x
   /// max_tokens_per_rank x min(topk, local experts of the rank with most); 0 for Memory::host. The GPU heap
   /// (UBEP_GPU_HEAP_SIZE) must hold it beside the caller's own alloc_device objects.
   static std::size_t device_heap_bytes(const Config& config, int ranks, unsigned run_ahead);
-  virtual const char* name() const noexcept = 0;
+  /// "ubep" (Layer) or "bsp" (BspLayer), as benchmarks print it.
+  const char* name() const noexcept;
   /// What this rank has sent so far (see Traffic).
-  const Traffic& traffic() const noexcept { return traffic_; }
+  const Traffic& traffic() const noexcept;
 
   /// Starts a dispatch: checks the input, sends every token to the ranks of its top-k experts and returns
   /// as soon as everything is issued. tokens: [n x hidden] of dtype; topk_idx, topk_weights: [n x topk];
@@ -272,7 +278,7 @@ class LayerBase {
   /// (Errc::timeout naming the sources missing), then to deliver the release, at most UBEP_WAIT_TIMEOUT per
   /// MPI call; BspLayer: no. Communicates: Layer: waits for every source's signals, then signals every rank;
   /// BspLayer: no (dispatch_send received everything).
-  virtual void dispatch_recv(Handle& h) = 0;
+  void dispatch_recv(Handle& h);
   /// dispatch_send + dispatch_recv.
   /// @note Local completion: on return the inputs may be reused and expert_tokens(h, e) holds the tokens of
   /// every local expert. Remote completion: as dispatch_send and dispatch_recv. Blocks: as dispatch_send,
@@ -290,7 +296,7 @@ class LayerBase {
   /// UBEP_WAIT_TIMEOUT per wait, and after the last one to deliver the release, at most UBEP_WAIT_TIMEOUT per
   /// MPI call; never once every expert was returned (nullopt); BspLayer: no. Communicates: Layer: waits for
   /// the sources' signals, and after the last local expert signals every rank; BspLayer: no.
-  virtual std::optional<int> next_expert(Handle& h) = 0;
+  std::optional<int> next_expert(Handle& h);
   /// The tokens of local expert `local` (it must be complete: from next_expert or after dispatch_recv).
   /// @note Local completion: on return (the spans point into this call's local copy, valid until
   /// combine_recv(h) returns). Remote completion: none. Blocks: no. Communicates: no.
@@ -344,79 +350,13 @@ class LayerBase {
   void combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out);
 
  protected:
-  /// Checks the config on this rank, then agrees on it with every rank (Context::agree).
-  /// @note Local completion: on return. Remote completion: no rank returns before every rank has joined the
-  /// agreement. Blocks: until every rank joins, at most UBEP_WAIT_TIMEOUT. Communicates: collective over
-  /// ctx's communicator.
-  LayerBase(Context& ctx, const Config& config, const char* who);
-  /// The implementation part of dispatch_send; `tokens` and `scales` are the caller's (checked) input.
-  virtual void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) = 0;
-  /// The implementations of combine_send and combine_recv, on host memory (the caller's, or a host copy of it
-  /// under Memory::device).
-  virtual void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) = 0;
-  virtual void recv_outputs(Handle& h, std::span<float> out) = 0;
-  /// The layer-owned rows of expert_outputs for local expert `local` of `h` (`bytes` of them), or an empty
-  /// span to use this call's own host memory (the default).
-  virtual std::span<std::byte> heap_outputs(HandleState& h, int local, std::size_t bytes);
-  /// Packs the tokens `toks` (with their e4m3 scale) at stride token_bytes_ into `dst`.
-  void pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
-            std::span<const float> scales) const;
-  void check_handle(const Handle& h, const char* call) const;
-  /// check_handle, then Errc::out_of_range unless `local` is an index of this rank's experts and
-  /// Errc::invalid_argument unless that expert is complete, naming the rank, `call`, the call number and the index.
-  void check_expert(const Handle& h, int local, const char* call) const;
-  /// Throws Errc::invalid_argument unless `h` is the oldest call not yet combined (O(1)).
-  void check_oldest(const Handle& h, const char* call) const;
-  /// Checks a combine_recv call: the handle, the order, every local expert combine_sent.
-  void check_combine_recv(const Handle& h) const;
-  /// The final sum both implementations use: per_expert out[t] = sum_k w[t,k] * combine[coffset(t,k)]; per_rank
-  /// and per_node the documented order from per-expert rows (BspLayer).
-  void reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const;
-  /// per_expert: the sum from each (owner, local expert) batch's first row ([ranks x max_local], see
-  /// reduce_outputs in moe/kernels.hpp).
-  void reduce_batches(const HandleState& h, std::span<const std::byte* const> batches, std::span<float> out) const;
-  /// Throws Errc::invalid_argument unless `out` holds n x hidden floats.
-  void check_out(const HandleState& h, std::span<float> out) const;
-  /// Copies the batches of local expert `le` (batch from source s starts at block(s), token stride
-  /// token_bytes_) into one contiguous array; recv_counts must be filled. Where `rows` is given and rows(s)
-  /// is not null, the batch from s is gathered: its j-th token is row rows(s)[j] of block(s).
-  void regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block,
-               const std::function<const std::uint32_t*(int)>& rows = {});
-  /// Checks a combine_send call (handle, expert index, not yet combined, output size); returns the count.
-  int check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const;
-  /// Marks a handle done and recycles its buffers.
-  void finish(HandleState& h);
-  /// Resizes `v` to `bytes`, first taking the pooled buffer that fits best when `v` is too small.
-  void reuse(std::vector<std::byte>& v, std::size_t bytes);
-  std::uint64_t finished_ = 0;  // calls whose combine_recv returned
-  std::vector<std::vector<std::byte>> pool_;
-  Context& ctx_;
-  Config config_;
-  ExpertMap map_;
-  int rank_ = 0, size_ = 1;
-  std::uint64_t calls_ = 0;
-  std::size_t token_bytes_ = 0, out_token_bytes_ = 0;
-  Traffic traffic_;
-  std::vector<int> node_;  // Topology::node_of per rank
-  /// Partial and node rows in float (per_rank, per_node): float_partials, or f32 outputs.
-  bool partial_f32() const noexcept { return config_.float_partials || output_dtype(config_.dtype) == DType::f32; }
-  /// Counted bytes of one token copy: the payload and the e4m3 scale (Traffic).
-  std::size_t payload_bytes() const noexcept {
-    return static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype) +
-           (config_.dtype == DType::e4m3 ? 4 : 0);
-  }
-  /// Adds `bytes` sent to `pe` to the dispatch or combine counters.
-  void count(bool dispatch, int pe, std::size_t bytes);
+  /// Takes the implementation the derived class built (its constructor runs the collective setup).
+  explicit LayerBase(std::unique_ptr<LayerImpl> impl);
+  /// The implementation, for the calls only a derived class has.
+  LayerImpl& impl() const noexcept { return *impl_; }
 
  private:
-  /// Memory::device: `bytes` of `src` (any memory) in host memory, in `stage` (Context::copy).
-  template <class T>
-  std::span<const T> to_host(std::span<const T> src, std::vector<std::byte>& stage);
-  Symmetric<std::byte> device_rows_;  // Memory::device: per call in flight, the expert batches handed out
-  std::size_t device_set_ = 0;        // bytes of one call's share of device_rows_
-  std::size_t device_scales_ = 0;     // offset of the scales in a call's share
-  std::vector<std::byte> stage_tokens_, stage_idx_, stage_weights_, stage_scales_, stage_outputs_;
-  std::vector<float> stage_out_;
+  std::unique_ptr<LayerImpl> impl_;
 };
 
 /// ubep's dispatch/combine: one-sided, signal-synchronized, overlapped, topology-scheduled.
@@ -451,11 +391,6 @@ class Layer final : public LayerBase {
   static std::size_t heap_bytes(const Config& config, int ranks, unsigned run_ahead);
   /// The same for the node map of `topology` (per_node across nodes adds the relays' buffers).
   static std::size_t heap_bytes(const Config& config, const Topology& topology, unsigned run_ahead);
-  std::size_t buffer_bytes() const override;
-  const char* name() const noexcept override { return "ubep"; }
-  // The contract of these is the @note of each LayerBase declaration, its "Layer" parts.
-  void dispatch_recv(Handle& h) override;
-  std::optional<int> next_expert(Handle& h) override;
   /// The peer order this rank uses.
   const std::vector<int>& schedule() const noexcept;
   /// Runs this rank's relay work that can run now (per_node across nodes: forwards the inboxes that have
@@ -468,19 +403,6 @@ class Layer final : public LayerBase {
   /// deferred signals at most UBEP_WAIT_TIMEOUT per MPI call. Communicates: with the owners of this rank's
   /// node and the sources it relays for, one-sided.
   void progress();
-
- private:
-  void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
-  void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) override;
-  void recv_outputs(Handle& h, std::span<float> out) override;
-  std::span<std::byte> heap_outputs(HandleState& h, int local, std::size_t bytes) override;
-  void release_if_done(HandleState& s);
-  /// Throws OutOfHeap (with the advice) unless `need` bytes fit in the heap's largest free block.
-  void check_heap(std::size_t need) const;
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-  struct Dedup;  // per_rank and per_node (moe/dedup.hpp, moe/dedup*.cpp)
-  std::unique_ptr<Dedup> dedup_;
 };
 
 /// The plain-MPI baseline, as Megatron-style dispatchers do it, on ctx.comm().
@@ -494,18 +416,6 @@ class BspLayer final : public LayerBase {
   /// @note Local completion: none: calls in flight are abandoned. Remote completion: none. Blocks: no.
   /// Communicates: no.
   ~BspLayer() override;
-  std::size_t buffer_bytes() const override;
-  const char* name() const noexcept override { return "bsp"; }
-  // The contract of these is the @note of each LayerBase declaration, its "BspLayer" parts.
-  void dispatch_recv(Handle& h) override;
-  std::optional<int> next_expert(Handle& h) override;
-
- private:
-  void send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) override;
-  void send_outputs(Handle& h, int local, std::span<const std::byte> outputs) override;
-  void recv_outputs(Handle& h, std::span<float> out) override;
-  std::size_t peak_bytes_ = 0;
-  std::vector<std::byte> sendbuf_, recv_, csend_, crecv_;  // reused across calls
 };
 
 }  // namespace ubep::moe

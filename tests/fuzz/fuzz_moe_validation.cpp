@@ -1,4 +1,4 @@
-// Fuzz target: the MoE input validation (moe/types.cpp, moe/layer_base.cpp, moe/layer.cpp, moe/bsp_layer.cpp): the
+// Fuzz target: the MoE input validation (moe/types.cpp, moe/layer_impl.cpp, moe/layer.cpp, moe/bsp_layer.cpp): the
 // Config checks of the layer constructors (dtype, combine, num_experts, hidden, topk, max_tokens_per_rank, the heap it
 // needs), and dispatch_send's checks of one call (routing: expert ids, duplicates in a token; counts: topk_idx a
 // multiple of topk, n <= max_tokens_per_rank; sizes of tokens, weights and scales), then the calls of a whole

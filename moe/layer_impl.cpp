@@ -1,12 +1,13 @@
-// What both MoE implementations share in LayerBase: the config checks, the send plan, regrouping by expert,
-// the weighted reduction (so that both give bit-identical results), the output buffers and the call checks.
+// What both MoE implementations share in LayerImpl (moe/layer_impl.hpp): the config checks, the send plan, regrouping
+// by expert, the weighted reduction (so that both give bit-identical results), the output buffers and the call checks.
+#include "moe/layer_impl.hpp"
+
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
-#include "moe/handle.hpp"
 #include "moe/kernels.hpp"
-#include "ubep/moe.hpp"
 
 namespace ubep::moe {
 
@@ -36,14 +37,7 @@ bool valid(DType t) {
 }
 }  // namespace
 
-Handle::Handle() = default;
-Handle::Handle(Handle&&) noexcept = default;
-Handle& Handle::operator=(Handle&&) noexcept = default;
-Handle::~Handle() = default;
-std::uint64_t Handle::call() const { return state_ ? state_->call : 0; }
-int Handle::tokens() const { return state_ ? state_->n : 0; }
-
-LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx), config_(c) {
+LayerImpl::LayerImpl(Context& ctx, const Config& c, const char* who) : ctx_(ctx), config_(c) {
   rank_ = ctx.rank();
   size_ = ctx.size();
   const std::string pre = "ubep: rank " + std::to_string(rank_) + ": " + who + ": ";
@@ -114,7 +108,7 @@ LayerBase::LayerBase(Context& ctx, const Config& c, const char* who) : ctx_(ctx)
   config_.combine = resolve_combine(c.combine, ctx.topology());
 }
 
-void LayerBase::count(bool dispatch, int pe, std::size_t bytes) {
+void LayerImpl::count(bool dispatch, int pe, std::size_t bytes) {
   if (pe == rank_) return;
   const bool on = node_[pe] == node_[rank_];
   std::uint64_t& c = dispatch ? (on ? traffic_.dispatch_on_node : traffic_.dispatch_off_node)
@@ -122,9 +116,9 @@ void LayerBase::count(bool dispatch, int pe, std::size_t bytes) {
   c += bytes;
 }
 
-LayerBase::~LayerBase() = default;
+LayerImpl::~LayerImpl() = default;
 
-void LayerBase::check_handle(const Handle& h, const char* call) const {
+void LayerImpl::check_handle(const Handle& h, const char* call) const {
   if (!h.state_) {
     throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": " + call + ": empty handle");
   }
@@ -134,7 +128,7 @@ void LayerBase::check_handle(const Handle& h, const char* call) const {
   }
 }
 
-void LayerBase::check_oldest(const Handle& h, const char* call) const {
+void LayerImpl::check_oldest(const Handle& h, const char* call) const {
   // Calls complete in dispatch order, so the oldest call in flight is the number of calls completed.
   if (h.state_->call != finished_) {
     throw Error(Errc::invalid_argument, "ubep: rank " + std::to_string(rank_) + ": " + call + ": call #" +
@@ -144,7 +138,7 @@ void LayerBase::check_oldest(const Handle& h, const char* call) const {
   }
 }
 
-void LayerBase::check_combine_recv(const Handle& h) const {
+void LayerImpl::check_combine_recv(const Handle& h) const {
   check_handle(h, "combine_recv");
   check_oldest(h, "combine_recv");
   const int missing = local_experts() - h.state_->num_combined;
@@ -155,20 +149,20 @@ void LayerBase::check_combine_recv(const Handle& h) const {
   }
 }
 
-std::size_t LayerBase::device_heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
+std::size_t LayerImpl::device_heap_bytes(const Config& c, int ranks, unsigned run_ahead) {
   if (c.memory != Memory::device) return 0;
   return device_rows(c, ranks).second * run_ahead;
 }
 
 template <class T>
-std::span<const T> LayerBase::to_host(std::span<const T> src, std::vector<std::byte>& stage) {
+std::span<const T> LayerImpl::to_host(std::span<const T> src, std::vector<std::byte>& stage) {
   if (config_.memory == Memory::host || src.empty()) return src;
   stage.resize(src.size_bytes());
   ctx_.copy(stage.data(), src.data(), src.size_bytes());
   return {reinterpret_cast<const T*>(stage.data()), src.size()};  // std::vector's storage suits any T here
 }
 
-Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
+Handle LayerImpl::dispatch_send(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                                 std::span<const float> topk_weights, std::span<const float> scales) {
   tokens = to_host(tokens, stage_tokens_);
   topk_idx = to_host(topk_idx, stage_idx_);
@@ -268,20 +262,29 @@ Handle LayerBase::dispatch_send(std::span<const std::byte> tokens, std::span<con
   return handle;
 }
 
-Handle LayerBase::dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
+Handle LayerImpl::dispatch(std::span<const std::byte> tokens, std::span<const int> topk_idx,
                            std::span<const float> topk_weights, std::span<const float> scales) {
   Handle h = dispatch_send(tokens, topk_idx, topk_weights, scales);
   dispatch_recv(h);
   return h;
 }
 
-void LayerBase::pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
+void LayerImpl::pack(const std::vector<int>& toks, std::byte* dst, std::span<const std::byte> tokens,
                      std::span<const float> scales) const {
   const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
   pack_tokens(toks, tokens, scales, payload, dst, token_bytes_);
 }
 
-void LayerBase::check_expert(const Handle& h, int local, const char* call) const {
+void LayerImpl::stage_tokens(const HandleState& h, std::byte* stage, std::span<const std::byte> tokens,
+                             std::span<const float> scales) const {
+  std::vector<int> all(static_cast<std::size_t>(h.n));
+  std::iota(all.begin(), all.end(), 0);
+  pack(all,
+       stage + static_cast<std::size_t>(h.set) * static_cast<std::size_t>(config_.max_tokens_per_rank) * token_bytes_,
+       tokens, scales);
+}
+
+void LayerImpl::check_expert(const Handle& h, int local, const char* call) const {
   check_handle(h, call);
   const HandleState& s = *h.state_;
   const std::string pre = "ubep: rank " + std::to_string(rank_) + ": " + call + ": call " + std::to_string(s.call) +
@@ -296,7 +299,7 @@ void LayerBase::check_expert(const Handle& h, int local, const char* call) const
   }
 }
 
-ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
+ExpertTokens LayerImpl::expert_tokens(const Handle& h, int local) const {
   check_expert(h, local, "expert_tokens");
   const HandleState& s = *h.state_;
   ExpertTokens t;
@@ -322,7 +325,7 @@ ExpertTokens LayerBase::expert_tokens(const Handle& h, int local) const {
   return t;
 }
 
-void LayerBase::regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block,
+void LayerImpl::regroup(HandleState& h, int le, const std::function<const std::byte*(int)>& block,
                         const std::function<const std::uint32_t*(int)>& rows) {
   const std::size_t payload = static_cast<std::size_t>(config_.hidden) * element_size(config_.dtype);
   std::size_t total = 0;
@@ -345,7 +348,7 @@ void LayerBase::regroup(HandleState& h, int le, const std::function<const std::b
   ++h.num_ready;
 }
 
-void LayerBase::check_out(const HandleState& h, std::span<float> out) const {
+void LayerImpl::check_out(const HandleState& h, std::span<float> out) const {
   const std::size_t hidden = static_cast<std::size_t>(config_.hidden);
   if (out.size() != static_cast<std::size_t>(h.n) * hidden) {
     throw Error(Errc::invalid_argument,
@@ -354,14 +357,14 @@ void LayerBase::check_out(const HandleState& h, std::span<float> out) const {
   }
 }
 
-void LayerBase::reduce_batches(const HandleState& h, std::span<const std::byte* const> batches,
+void LayerImpl::reduce_batches(const HandleState& h, std::span<const std::byte* const> batches,
                                std::span<float> out) const {
   check_out(h, out);
   reduce_outputs(map_, config_.topk, h.idx, h.weights, h.pos, batches, out_token_bytes_,
                  output_dtype(config_.dtype) == DType::f32, static_cast<std::size_t>(config_.hidden), out);
 }
 
-void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
+void LayerImpl::reduce(const HandleState& h, const std::byte* combine, std::span<float> out) const {
   if (config_.combine == Combine::per_expert) {
     return reduce_batches(h, batches_at(h.coffset, combine, out_token_bytes_), out);
   }
@@ -410,7 +413,7 @@ void LayerBase::reduce(const HandleState& h, const std::byte* combine, std::span
   }
 }
 
-int LayerBase::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {
+int LayerImpl::check_combine_send(const Handle& h, int local, std::span<const std::byte> outputs) const {
   check_expert(h, local, "combine_send");
   const std::string pre =
       "ubep: rank " + std::to_string(rank_) + ": combine_send: call " + std::to_string(h.state_->call) + ": ";
@@ -429,7 +432,7 @@ int LayerBase::check_combine_send(const Handle& h, int local, std::span<const st
   return t.count;
 }
 
-void LayerBase::reuse(std::vector<std::byte>& v, std::size_t bytes) {
+void LayerImpl::reuse(std::vector<std::byte>& v, std::size_t bytes) {
   if (v.capacity() < bytes) {
     // The pooled buffer that fits best: one that had to grow would be fresh memory, and the first write to it
     // page-faults (a buffer per expert and call: across 2 emulated nodes the layer took 0.76 - 1.3 of BSP with
@@ -449,7 +452,7 @@ void LayerBase::reuse(std::vector<std::byte>& v, std::size_t bytes) {
   v.resize(bytes);
 }
 
-void LayerBase::finish(HandleState& h) {
+void LayerImpl::finish(HandleState& h) {
   for (auto& d : h.expert_data) {
     if (d.capacity()) pool_.push_back(std::move(d));
   }
@@ -460,13 +463,13 @@ void LayerBase::finish(HandleState& h) {
   ++finished_;
 }
 
-void LayerBase::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
+void LayerImpl::combine_send(Handle& h, int local, std::span<const std::byte> outputs) {
   send_outputs(h, local, to_host(outputs, stage_outputs_));
 }
 
-std::span<std::byte> LayerBase::heap_outputs(HandleState&, int, std::size_t) { return {}; }
+std::span<std::byte> LayerImpl::heap_outputs(HandleState&, int, std::size_t) { return {}; }
 
-std::span<std::byte> LayerBase::expert_outputs(Handle& h, int local) {
+std::span<std::byte> LayerImpl::expert_outputs(Handle& h, int local) {
   check_expert(h, local, "expert_outputs");
   HandleState& s = *h.state_;
   const std::string pre = "ubep: rank " + std::to_string(rank_) + ": expert_outputs: call " + std::to_string(s.call) +
@@ -498,7 +501,7 @@ std::span<std::byte> LayerBase::expert_outputs(Handle& h, int local) {
   return s.out_rows[local];
 }
 
-void LayerBase::combine_send(Handle& h, int local) {
+void LayerImpl::combine_send(Handle& h, int local) {
   check_handle(h, "combine_send");
   const HandleState& s = *h.state_;
   if (local >= 0 && local < local_experts() && s.ready[local] && !s.combined[local] && !s.out_taken[local]) {
@@ -512,14 +515,14 @@ void LayerBase::combine_send(Handle& h, int local) {
   send_outputs(h, local, taken ? std::span<const std::byte>(s.out_rows[local]) : std::span<const std::byte>{});
 }
 
-void LayerBase::combine_recv(Handle& h, std::span<float> out) {
+void LayerImpl::combine_recv(Handle& h, std::span<float> out) {
   if (config_.memory == Memory::host) return recv_outputs(h, out);
   stage_out_.resize(out.size());
   recv_outputs(h, stage_out_);
   ctx_.copy(out.data(), stage_out_.data(), out.size_bytes());
 }
 
-void LayerBase::combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out) {
+void LayerImpl::combine(Handle& h, std::span<const std::span<const std::byte>> outputs, std::span<float> out) {
   check_handle(h, "combine");
   check_oldest(h, "combine");
   if (static_cast<int>(outputs.size()) != local_experts()) {
