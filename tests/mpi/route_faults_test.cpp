@@ -45,8 +45,11 @@ void compute(double seconds) { std::this_thread::sleep_for(std::chrono::duration
 /// until each rank of `from` has called release() for it: a stall that lasts as long as the test needs, however
 /// slowly the other ranks get there (a fixed compute is over before a rank descheduled under load even starts).
 /// Gives up after 60 s, a failure, so that a rank that never releases cannot hang the job.
-constexpr int kReleaseTag = 3401;
-void hold_until_released(std::initializer_list<int> from) {
+/// First it tells each rank of `from` that it holds (await_hold): until then it may still be polling UCX inside the
+/// ctx.barrier() before, and, on a loaded machine, serve there the very messages whose call should time out.
+constexpr int kReleaseTag = 3401, kHoldingTag = 3402;
+void hold_until_released(const std::vector<int>& from) {
+  for (int pe : from) EXPECT_EQ(MPI_Send(nullptr, 0, MPI_BYTE, pe, kHoldingTag, MPI_COMM_WORLD), MPI_SUCCESS);
   for (int pe : from) {
     MPI_Request req = MPI_REQUEST_NULL;
     ASSERT_EQ(MPI_Irecv(nullptr, 0, MPI_BYTE, pe, kReleaseTag, MPI_COMM_WORLD, &req), MPI_SUCCESS);
@@ -64,6 +67,10 @@ void hold_until_released(std::initializer_list<int> from) {
   }
 }
 void release(int held) { EXPECT_EQ(MPI_Send(nullptr, 0, MPI_BYTE, held, kReleaseTag, MPI_COMM_WORLD), MPI_SUCCESS); }
+/// Returns once `held` is in hold_until_released (out of ubep): what is sent to it now lands only when released.
+void await_hold(int held) {
+  EXPECT_EQ(MPI_Recv(nullptr, 0, MPI_BYTE, held, kHoldingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), MPI_SUCCESS);
+}
 
 /// pe is on the ucx route in am mode: messages to it land only when it (or its progress thread) progresses.
 bool am_peer(Context& ctx, int pe) {
@@ -181,13 +188,16 @@ TEST(Issue34, ProgressThreadOptOut) {
   std::vector<std::uint8_t> src(1u << 20, 7);  // put_nbi's source: alive until the quiet() that completes it
   ctx.barrier();
   if (me == target) {
+    std::vector<int> peers;
     for (int pe = 0; pe < n; ++pe) {
-      if (pe != me) hold_until_released({pe});
+      if (pe != me) peers.push_back(pe);
     }
+    hold_until_released(peers);
     for (int pe = 0; pe < n; ++pe) {
       if (pe != me) ctx.signal_op(back.data(), 1, SignalOp::set, pe);
     }
   } else {
+    await_hold(target);
     ctx.put_nbi(data.data(), src.data(), src.size(), target);
     if (am_peer(ctx, target)) {
       expect_error(Errc::timeout, [&] { ctx.quiet(); }, {"rank " + std::to_string(target)});
@@ -223,6 +233,7 @@ TEST(Issue34, TimedOutPutDoesNotPoisonThePeer) {
   } else if (me == origin) {
     std::vector<std::uint8_t> src(8u << 20);
     for (std::size_t i = 0; i < src.size(); ++i) src[i] = test::pattern(me, i);
+    await_hold(peer);
     expect_error(Errc::timeout, [&] { ctx.put(data.data(), src.data(), src.size(), peer); }, {"rank 1"});
     release(peer);
     ctx.wait_until(&sig[0], Cmp::ge, 1, {.timeout = std::chrono::duration<double>(30)});
@@ -262,6 +273,7 @@ TEST(Issue34, ThrottledGetNbiIsNotCounted) {
     std::vector<std::uint64_t> got(40000, 0);
     std::size_t issued = 0;
     bool throttled = false;
+    await_hold(peer);
     for (; issued < got.size(); ++issued) {
       try {
         ctx.get_nbi(&got[issued], data.data(), sizeof(std::uint64_t), peer);
