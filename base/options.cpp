@@ -361,7 +361,8 @@ const std::vector<Setting>& table() {
           "`MPI_THREAD_MULTIPLE`), for the `mpi` route. `0`: none (a rank's own ubep calls are its only progress)"),
       row<&Options::progress_interval_us, CountCodec<0, 0xffffffffu>>(
           "UBEP_PROGRESS_INTERVAL_US", kLocal, kUse,
-          "how often, in microseconds, the thread of `UBEP_PROGRESS_THREAD=1` calls into MPI"),
+          "how often, in microseconds, the thread of `UBEP_PROGRESS_THREAD=1` calls into MPI; where ranks "
+          "outnumber cores, 1000 or more (docs/MULTINODE.md, \"Known problems\")"),
       row<&Options::gpu, BoolCodec>(
           "UBEP_GPU", kCollective, kUse,
           "`1` initializes CUDA when a Context is created; where a rank has no usable GPU every rank's "
