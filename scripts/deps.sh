@@ -5,7 +5,7 @@ packages=(cmake ninja-build g++ pkg-config libopenmpi-dev openmpi-bin libhwloc-d
           libnuma-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev clang-format clang iproute2
           gnuplot-nox python3 python3-matplotlib doxygen)
 if [[ "${UBEP_WITH_MPICH:-0}" == 1 ]]; then packages+=(libmpich-dev mpich); fi
-if [[ "${UBEP_WITH_SIMGRID:-0}" == 1 ]]; then packages+=(libsimgrid-dev simgrid); fi  # SMPI: smpicxx, smpirun
+if [[ "${UBEP_WITH_SIMGRID:-0}" == 1 ]]; then packages+=(libsimgrid-dev); fi  # SMPI: it ships smpicxx and smpirun
 missing=()
 for p in "${packages[@]}"; do
   [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == *"install ok installed"* ]] || missing+=("$p")
