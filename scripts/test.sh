@@ -63,7 +63,9 @@ if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
   # Leak checking everywhere except where ranks talk through MPI RMA or UCX (forced mpi and ucx
   # routes, emulated nodes): there UCX runs its async thread, and
   # LeakSanitizer's own tracer then segfaults at exit in about 1 run in 4 (no leak is reported; LSan
-  # itself dies). Those tests still run under ASan and UBSan, without the exit-time leak scan.
+  # itself dies). Those tests still run under ASan and UBSan, without the exit-time leak scan. So does
+  # route_faults_test on the default route: most of its tests force the ucx route, and peers that are
+  # gone at finalize keep UCX's async thread busy (its tracer died so in 1 of 2 CI runs on 2026-12-07).
   # The sanitized legs run every suite at 2 and 4 ranks on the default route, and at 2 ranks on the
   # mpi and ucx routes and virtual nodes (plus MoE at 4 ranks on 2 virtual nodes: the only layout with
   # more than one rank per node on both sides); the 3-rank runs, 4 ranks on the other routes, 3 and
@@ -71,13 +73,13 @@ if [[ "${UBEP_TEST_SKIP_ASAN:-0}" != 1 ]]; then
   # default build only (the same code paths as the runs kept here; the ucx_thread runs are in the TSan leg).
   skip='\.np3(\.|$)|vnodes3|vnodes_uneven|vnodes_rdma|\.acc\.'
   routes='(mpi|vnodes|vnodes3|vnodes_uneven|ucx|vnodes_mpi|vnodes3_mpi|vnodes_rdma|ucx_rdma|ucx_thread)$'
-  no_leak_scan="\\.$routes"
+  no_leak_scan="\\.$routes|^route_faults_test\\.np[0-9]+$"
   ASAN_OPTIONS=detect_leaks=1:$asan \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L "unit|mpi" -LE "multinode|install" \
     -E "$no_leak_scan|$skip" --timeout 900
   ASAN_OPTIONS=detect_leaks=0:$asan \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L mpi -LE multinode \
-    -R "\\.np2\\.(.*\\.)?$routes|^moe_test\\.np4\\.vnodes$" -E "$skip" \
+    -R "\\.np2\\.(.*\\.)?$routes|^moe_test\\.np4\\.vnodes$|^route_faults_test\\.np[0-9]+$" -E "$skip" \
     --timeout 900
 fi
 if [[ "${UBEP_TEST_SKIP_FUZZ:-0}" != 1 ]]; then
