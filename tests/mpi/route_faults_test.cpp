@@ -41,36 +41,36 @@ Options opts(double timeout, bool thread = true) {
 /// A rank that computes: no ubep call, no MPI call, for `seconds`.
 void compute(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
+/// Receives the empty message `tag` from `pe` in plain MPI calls (no ubep), giving up after 60 s, a failure.
+void receive_within_60s(int pe, int tag, const char* what) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  ASSERT_EQ(MPI_Irecv(nullptr, 0, MPI_BYTE, pe, tag, MPI_COMM_WORLD, &req), MPI_SUCCESS);
+  const auto t0 = Clock::now();
+  int done = 0;
+  while (!done && since(t0) < 60) {
+    ASSERT_EQ(MPI_Test(&req, &done, MPI_STATUS_IGNORE), MPI_SUCCESS);
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (!done) {
+    MPI_Cancel(&req);
+    MPI_Request_free(&req);
+  }
+  ASSERT_TRUE(done) << "rank " << pe << " did not " << what << " within 60 s";
+}
+constexpr int kReleaseTag = 3401, kHoldingTag = 3402;
 /// A rank that sits in plain MPI calls (no ubep call, so without a progress thread nothing of ubep's progresses)
 /// until each rank of `from` has called release() for it: a stall that lasts as long as the test needs, however
 /// slowly the other ranks get there (a fixed compute is over before a rank descheduled under load even starts).
 /// Gives up after 60 s, a failure, so that a rank that never releases cannot hang the job.
 /// First it tells each rank of `from` that it holds (await_hold): until then it may still be polling UCX inside the
 /// ctx.barrier() before, and, on a loaded machine, serve there the very messages whose call should time out.
-constexpr int kReleaseTag = 3401, kHoldingTag = 3402;
 void hold_until_released(const std::vector<int>& from) {
   for (int pe : from) EXPECT_EQ(MPI_Send(nullptr, 0, MPI_BYTE, pe, kHoldingTag, MPI_COMM_WORLD), MPI_SUCCESS);
-  for (int pe : from) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    ASSERT_EQ(MPI_Irecv(nullptr, 0, MPI_BYTE, pe, kReleaseTag, MPI_COMM_WORLD, &req), MPI_SUCCESS);
-    const auto t0 = Clock::now();
-    int done = 0;
-    while (!done && since(t0) < 60) {
-      ASSERT_EQ(MPI_Test(&req, &done, MPI_STATUS_IGNORE), MPI_SUCCESS);
-      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    if (!done) {
-      MPI_Cancel(&req);
-      MPI_Request_free(&req);
-    }
-    ASSERT_TRUE(done) << "rank " << pe << " did not release this rank within 60 s";
-  }
+  for (int pe : from) receive_within_60s(pe, kReleaseTag, "release this rank");
 }
 void release(int held) { EXPECT_EQ(MPI_Send(nullptr, 0, MPI_BYTE, held, kReleaseTag, MPI_COMM_WORLD), MPI_SUCCESS); }
 /// Returns once `held` is in hold_until_released (out of ubep): what is sent to it now lands only when released.
-void await_hold(int held) {
-  EXPECT_EQ(MPI_Recv(nullptr, 0, MPI_BYTE, held, kHoldingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), MPI_SUCCESS);
-}
+void await_hold(int held) { receive_within_60s(held, kHoldingTag, "say that it holds"); }
 
 /// pe is on the ucx route in am mode: messages to it land only when it (or its progress thread) progresses.
 bool am_peer(Context& ctx, int pe) {
