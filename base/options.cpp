@@ -204,6 +204,14 @@ struct SizeCodec {
   }
 };
 
+struct EagerCodec {
+  static std::string type() { return "size or auto"; }
+  static std::size_t parse(const std::string& text, const char* name) {
+    return trim(text) == "auto" ? kUcxEagerAuto : parse_size(text, name);
+  }
+  static std::string show(std::size_t v) { return v == kUcxEagerAuto ? "auto" : SizeCodec::show(v); }
+};
+
 struct SecondsCodec {
   static std::string type() { return "seconds"; }
   static std::chrono::duration<double> parse(const std::string& text, const char* name) {
@@ -352,6 +360,13 @@ const std::vector<Setting>& table() {
           "hardware RMA and atomics (InfiniBand/RoCE), `am` (active messages) elsewhere (TCP, shared memory); "
           "`am` or `rdma` force one for every peer (`rdma` without such a lane is emulated by UCX in software, "
           "needs the target's progress and is slower than `am`: for testing)"),
+      row<&Options::ucx_eager_max, EagerCodec>(
+          "UBEP_UCX_EAGER_MAX", kLocal, kUse,
+          "the largest payload the `ucx` route sends eager (`am` mode: one message, copied once out of UCX's "
+          "receive buffer); a larger one goes by rendezvous (the target receives it straight into its heap after "
+          "a round trip). `auto` leaves the choice to UCX's thresholds (`UCX_RNDV_THRESH`), which over TCP go "
+          "rendezvous from about 20 KiB, below Open MPI's 64 KiB eager limit (docs/MULTINODE.md, \"The `ucx` "
+          "route by size\")"),
       row<&Options::progress_thread, ProgressCodec>(
           "UBEP_PROGRESS_THREAD", kCollective, kUse,
           "`auto`: where UCX is in use (a peer on the `ucx` route), a thread that answers the peers' UCX "

@@ -282,9 +282,9 @@ void start_ucx([[maybe_unused]] State& s, [[maybe_unused]] const char* call, [[m
     // every rank, and so is this flag, which also chooses UCX's features.
     const bool threaded = s.options.progress_thread == ProgressThread::on ||
                           (s.options.progress_thread == ProgressThread::automatic && !UBEP_SIMGRID);
-    s.routes.ucx = std::make_unique<detail::UcxTransport>(s.comms.comm, s.comms.rank, s.comms.size, s.heap.base,
-                                                          s.heap.size, to_string(s.options.ucx_mode),
-                                                          s.options.wait_timeout, s.options.poll, threaded);
+    s.routes.ucx = std::make_unique<detail::UcxTransport>(
+        s.comms.comm, s.comms.rank, s.comms.size, s.heap.base, s.heap.size, to_string(s.options.ucx_mode),
+        s.options.wait_timeout, s.options.poll, threaded, s.options.ucx_eager_max);
   }
 #endif
 }

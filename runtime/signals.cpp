@@ -203,10 +203,12 @@ void poll_until(State& s, const char* call, const WaitOptions& opts, Ready&& rea
     // pause). In SimGrid builds the rank blocks until one arrives (a poll would never yield to the
     // simulation; SimGrid reports a deadlock when every rank blocks): no deadline there.
     const bool delivered = messages && s.routes.mpi->deliver(UBEP_SIMGRID != 0) > 0;
+    // The peers' ucx messages land only while this rank progresses its worker; one that landed may be what this
+    // wait needs (look again at once).
+    const bool landed = !delivered && s.routes.ucx && s.routes.ucx->poll();
     if (!delivered) {
-      if (s.routes.ucx) s.routes.ucx->poll();  // the peers' messages land only while this rank progresses its worker
-      if (s.gpu.staged) s.progress_staged();   // staged GPU chunks from other nodes land as this rank drains them
-      if (backoff.pause()) {
+      if (s.gpu.staged) s.progress_staged();  // staged GPU chunks from other nodes land as this rank drains them
+      if (!landed && backoff.pause()) {
         if (s.routes.mpi && !messages) s.routes.mpi->progress(s.comms.comm);  // messages: deliver() progressed
         if (s.gpu.window) s.gpu.window->progress(s.comms.comm);               // peers' RMA on the GPU heap's window
       }

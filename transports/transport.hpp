@@ -83,8 +83,9 @@ class Transport {
   /// True when some operation may still be in flight (flush_all would do work).
   virtual bool outstanding() const noexcept = 0;
   /// Lets the transport make progress (run arrived messages, answer peers); the runtime calls it from
-  /// every wait, poll and collective. A no-op for transports that need no help from this rank's CPU.
-  virtual void poll() {}
+  /// every wait, poll and collective. A no-op for transports that need no help from this rank's CPU. Returns
+  /// whether something landed for this rank (a waiter then looks at its condition again before backing off).
+  virtual bool poll() { return false; }
   /// poll() for a caller that must not be interrupted (a collective's wait, a progress thread): an error is kept
   /// and thrown by the next operation or poll() instead.
   virtual void poll_keeping_errors() noexcept {}

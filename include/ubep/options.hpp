@@ -46,6 +46,8 @@ enum class UcxMode : std::uint8_t {
   am,         ///< active messages to every peer
   rdma,       ///< put, fence and atomics to every peer (emulated by UCX in software without such a lane)
 };
+/// UBEP_UCX_EAGER_MAX=auto: UCX chooses eager or rendezvous per message by its own thresholds (UCX_RNDV_THRESH).
+inline constexpr std::size_t kUcxEagerAuto = ~std::size_t{0};
 /// UBEP_PROGRESS_THREAD: which progress thread runs beside the application.
 enum class ProgressThread : std::uint8_t {
   automatic,  ///< "auto": where a peer is on the ucx route, a thread that sleeps on UCX's event fd (no MPI)
@@ -91,6 +93,7 @@ struct Options {
   PollPolicy poll{};                                           ///< UBEP_POLL; see PollPolicy::parse
   std::vector<std::string> transports = default_transports();  ///< UBEP_TRANSPORTS (collective)
   UcxMode ucx_mode = UcxMode::automatic;                       ///< UBEP_UCX_MODE (collective)
+  std::size_t ucx_eager_max = std::size_t{256} << 10;          ///< UBEP_UCX_EAGER_MAX; kUcxEagerAuto: UCX chooses
   ProgressThread progress_thread = ProgressThread::automatic;  ///< UBEP_PROGRESS_THREAD (collective)
   std::uint32_t progress_interval_us = 50;                     ///< UBEP_PROGRESS_INTERVAL_US
   bool gpu = false;                                            ///< UBEP_GPU (collective)

@@ -148,7 +148,7 @@ TEST(Rma, ThirdPartyCompletion) {
 
 TEST(Rma, FlushLocalMakesSourcesReusable) {
   // put_nbi from one buffer, flush_local(pe), overwrite the buffer, quiet: pe holds what was put, not
-  // the overwrite (sizes past the eager limit too: a rendezvous on the ucx route).
+  // the overwrite (512 KiB too: past UBEP_UCX_EAGER_MAX, a rendezvous on the ucx route).
   Context ctx(MPI_COMM_WORLD, small_heap());
   const int n = ctx.size(), me = ctx.rank(), right = (me + 1) % n, left = (me + n - 1) % n;
   for (const std::size_t count : {std::size_t{8}, std::size_t{64} << 10}) {
@@ -180,7 +180,7 @@ TEST(Rma, SignalOpIsOrderedAfterPutsToEveryPeer) {
   Context ctx(MPI_COMM_WORLD, small_heap());
   const int n = ctx.size(), me = ctx.rank();
   const int a = 0, b = n - 1, c = 1;        // b on another (emulated) node than a where there are two
-  constexpr std::size_t kCount = 16 << 10;  // 128 KiB: a rendezvous on the ucx route
+  constexpr std::size_t kCount = 64 << 10;  // 512 KiB: past UBEP_UCX_EAGER_MAX, a rendezvous on the ucx route
   auto data = ctx.alloc<std::uint64_t>(kCount);
   auto to_c = ctx.alloc_signals(1), to_b = ctx.alloc_signals(1);
   std::fill(data.local().begin(), data.local().end(), 0);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -44,19 +45,19 @@ std::uint64_t checksum(const std::uint8_t* p, std::size_t n) {
 }
 
 // The payload of a put_signal is complete whenever its signal is observed: the sender writes a
-// payload that ends in its checksum, the receiver checks it right after the wait returns.
-TEST(Signal, PayloadVisibleWhenSignalObserved) {
-  Context ctx(MPI_COMM_WORLD, heap(40));
+// payload that ends in its checksum (put_signal moves size + 8 bytes), the receiver checks it right after
+// the wait returns; then each rank reads back with get() what it wrote to its right neighbour.
+void payload_visible_when_signal_observed(const Options& options, std::initializer_list<std::size_t> sizes) {
+  Context ctx(MPI_COMM_WORLD, options);
   const int me = ctx.rank(), n = ctx.size(), right = (me + 1) % n, left = (me + n - 1) % n;
-  const std::size_t max = 4u << 20;
+  const std::size_t max = std::max(sizes);
   auto buf = ctx.alloc<std::uint8_t>(max + 8);
   auto sig = ctx.alloc_signals(1);
-  std::vector<std::uint8_t> src(max + 8);
+  std::vector<std::uint8_t> src(max + 8), back(max + 8);
   std::uint64_t epoch = 0;
   for (const bool nbi : {false, true}) {
     for (const SignalOp op : {SignalOp::set, SignalOp::add}) {
-      for (std::size_t size : {std::size_t{1}, std::size_t{8}, std::size_t{100}, std::size_t{4096},
-                               std::size_t{65536 + 3}, std::size_t{1} << 20, max}) {
+      for (std::size_t size : sizes) {
         ++epoch;
         for (std::size_t i = 0; i < size; ++i) src[i] = pattern(me, i, static_cast<unsigned>(epoch));
         const std::uint64_t sum = checksum(src.data(), size);
@@ -77,10 +78,32 @@ TEST(Signal, PayloadVisibleWhenSignalObserved) {
         EXPECT_TRUE(ok) << "payload from rank " << left << " size " << size;
         ctx.quiet();    // our source buffer is reused next round
         ctx.barrier();  // the receiver has read buf before the next round overwrites it
+        ctx.get(back.data(), buf.data(), size + 8, right);
+        EXPECT_EQ(std::memcmp(back.data(), src.data(), size + 8), 0)
+            << "get of " << size + 8 << " bytes from rank " << right;
+        ctx.barrier();  // every get is done before the next round overwrites buf
       }
     }
   }
   ctx.finalize();
+}
+
+TEST(Signal, PayloadVisibleWhenSignalObserved) {
+  payload_visible_when_signal_observed(heap(40), {1, 8, 100, 4096, 65536 + 3, std::size_t{1} << 20, 4u << 20});
+}
+
+// The same where each message takes the other protocol of the ucx route (UBEP_UCX_EAGER_MAX; inert on the other
+// routes): everything by rendezvous (0), the limit at 4 KiB and at its default, UCX's own choice (auto). The
+// sizes sit on both sides of each limit (a put_signal moves size + 8 bytes).
+TEST(Signal, PayloadVisibleAtEveryEagerLimit) {
+  for (const std::size_t eager_max : {std::size_t{0}, std::size_t{4096}, Options{}.ucx_eager_max, kUcxEagerAuto}) {
+    SCOPED_TRACE("UBEP_UCX_EAGER_MAX=" +
+                 (eager_max == kUcxEagerAuto ? std::string("auto") : std::to_string(eager_max)));
+    Options o = heap(8);
+    o.ucx_eager_max = eager_max;
+    payload_visible_when_signal_observed(
+        o, {0, 1, 4096 - 8, 4096 - 7, 16384 + 5, (256u << 10) - 8, (256u << 10) - 7, (1u << 20) + 3});
+  }
 }
 
 // Rank 0 starts a token; each rank waits for it, adds its rank to the payload and forwards it.

@@ -128,7 +128,8 @@ TEST(Options, GpuHeapSize) {
 TEST(Options, RejectsBadValues) {
   for (const auto& [name, value] : {std::pair{"UBEP_RUN_AHEAD", "0"}, std::pair{"UBEP_SCHEDULE", "random"},
                                     std::pair{"UBEP_WAIT_TIMEOUT", "-1"}, std::pair{"UBEP_TRANSPORTS", "tcp"},
-                                    std::pair{"UBEP_GPU_HEAP_SIZE", "0"}, std::pair{"UBEP_GPU_HEAP_SIZE", "lots"}}) {
+                                    std::pair{"UBEP_GPU_HEAP_SIZE", "0"}, std::pair{"UBEP_GPU_HEAP_SIZE", "lots"},
+                                    std::pair{"UBEP_UCX_EAGER_MAX", "eager"}, std::pair{"UBEP_UCX_EAGER_MAX", "-1"}}) {
     const std::string what = error_of(name, value);
     EXPECT_NE(what.find(name), std::string::npos) << what;
   }
@@ -173,6 +174,7 @@ TEST(Settings, DescribeReadsBack) {
   o.poll = PollPolicy::parse("spin=3,yield=5");
   o.transports = {"self", "mpi"};
   o.ucx_mode = UcxMode::rdma;
+  o.ucx_eager_max = 0;
   o.progress_thread = ProgressThread::off;
   o.gpu_mpi_window = GpuMpiWindow::on;
   o.schedule = ScheduleKind::shifted;
@@ -189,6 +191,22 @@ TEST(Settings, DescribeReadsBack) {
   EXPECT_EQ(Options::from_env(), o);
   EXPECT_EQ(setting("UBEP_GPU_HEAP_SIZE").value(o), "5G");
   EXPECT_EQ(setting("UBEP_HEAP_SIZE").value(o), "3073");
+  EXPECT_EQ(setting("UBEP_UCX_EAGER_MAX").value(o), "0");
+}
+
+// UBEP_UCX_EAGER_MAX takes a size (0: every payload by rendezvous) or auto (UCX's thresholds); 256K by default.
+TEST(Settings, UcxEagerMaxTakesSizeOrAuto) {
+  EXPECT_EQ(Options{}.ucx_eager_max, std::size_t{256} << 10);
+  EXPECT_EQ(setting("UBEP_UCX_EAGER_MAX").value(Options{}), "256K");
+  for (const auto& [text, value] : {std::pair{"auto", kUcxEagerAuto}, std::pair{"0", std::size_t{0}},
+                                    std::pair{"64K", std::size_t{64} << 10}, std::pair{"1000", std::size_t{1000}}}) {
+    Env e("UBEP_UCX_EAGER_MAX", text);
+    EXPECT_EQ(Options::from_env().ucx_eager_max, value) << text;
+  }
+  Options o;
+  o.ucx_eager_max = kUcxEagerAuto;
+  EXPECT_EQ(setting("UBEP_UCX_EAGER_MAX").value(o), "auto");
+  EXPECT_FALSE(setting("UBEP_UCX_EAGER_MAX").collective);
 }
 
 // A bad value names the variable, the value and what it takes.

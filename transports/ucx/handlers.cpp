@@ -53,6 +53,7 @@ ucs_status_t UcxTransport::on_message(const Msg& m, void* data, std::size_t leng
     return UCS_OK;
   }
   if (!isolated_[src].empty()) return UCS_OK;  // everything of an isolated peer is dropped
+  ++landed_;
   if (is_answer(m.kind)) return on_answer(m, data, length, rndv);
   Source& so = sources_[src];
   if (m.seq < so.next || m.seq - so.next >= kReorderWindow || so.early.count(m.seq) != 0) {
@@ -193,6 +194,7 @@ void UcxTransport::drain_source(int src) {
       if (in.m.kind == put_signal) {  // the data is in: now the signal
         apply_atomic(word(base_, in.m.compare), static_cast<AtomicOp>(in.m.op), in.m.value, 0);
       }
+      ++landed_;
     } else {
       apply(in.m, in.data.data(), in.data.size());
     }

@@ -32,6 +32,7 @@ void UcxTransport::on_endpoint_error(int pe, ucs_status_t status) {
 void UcxTransport::finish_get(Pending& p, ucs_status_t status) {
   if (status == UCS_OK && std::exchange(fail_next_get_reply_, false)) status = UCS_ERR_ENDPOINT_TIMEOUT;  // tests
   --gets_in_flight_[p.pe];
+  ++landed_;
   p.done = true;
   if (status == UCS_OK) return;
   // Part of the reply may have landed: never reported as a completed get. (Where the endpoint failed, UCX has also

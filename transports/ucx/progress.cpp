@@ -38,10 +38,10 @@ void UcxTransport::wait(const char* what, int pe, const std::function<bool()>& d
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff(poll_);
   for (;;) {
-    progress();
+    const bool landed = progress();
     if (done()) return;
     check_peer(pe, what);  // a peer that failed (or was isolated) meanwhile never answers
-    backoff.pause();
+    if (!landed) backoff.pause();
     if (timeout_.count() > 0 && (backoff.polls() & 15) == 0) {
       const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
       if (waited > timeout_) {
@@ -56,13 +56,17 @@ void UcxTransport::wait(const char* what, int pe, const std::function<bool()>& d
   }
 }
 
-void UcxTransport::progress() {
+bool UcxTransport::progress() {
   const auto lock = guard();
   if (!in_thread_) app_polls_.fetch_add(1, std::memory_order_relaxed);  // the caller's thread serves the worker
-  if (in_progress_) return;  // a send inside drain() must not re-enter the handlers
+  if (in_progress_) return false;  // a send inside drain() must not re-enter the handlers
   in_progress_ = true;
+  const std::uint64_t landed = landed_;
   try {
-    while (ucp_worker_progress(worker_) != 0) {
+    // Until a message lands (then the caller looks at what it waits for) or nothing moves. Not until nothing
+    // moves in any case: that last, empty turn (a poll of the TCP sockets) sat between the arrival of a signal and
+    // its waiter's return, +0.4 us of 8 us one way across two emulated nodes (docs/MULTINODE.md).
+    while (ucp_worker_progress(worker_) != 0 && landed_ == landed) {
     }
     drain();
     reap_sends();
@@ -72,6 +76,7 @@ void UcxTransport::progress() {
   }
   in_progress_ = false;
   raise_kept();
+  return landed_ != landed;
 }
 
 void UcxTransport::poll_keeping_errors() noexcept {

@@ -42,6 +42,15 @@ void UcxTransport::throttle(int pe, const char* what) {
   wait(what, pe, [this] { return sends_.size() + pending_.size() <= kMaxInFlight / 2; });
 }
 
+ucp_request_param_t UcxTransport::send_param(std::size_t bytes) const {
+  ucp_request_param_t p{};
+  if (eager_max_ != kUcxEagerAuto && bytes != 0) {
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = bytes <= eager_max_ ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
+  }
+  return p;
+}
+
 void UcxTransport::send(int pe, Msg hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what) {
   if (!is_answer(hdr.kind)) throttle(pe, what);
   send_now(pe, hdr, buf, bytes, wait_local, what);
@@ -54,7 +63,7 @@ void UcxTransport::send_now(int pe, const Msg& hdr, const void* buf, std::size_t
   Send& s = sends_.back();
   // The sequence number is taken only for a message that goes out: one that fails at once leaves no gap.
   if (!is_answer(hdr.kind)) s.hdr.seq = seq_out_[pe] + 1;
-  ucp_request_param_t p{};
+  ucp_request_param_t p = send_param(bytes);
   void* req = ucp_am_send_nbx(eps_[pe], kAmId, &s.hdr, sizeof s.hdr, buf, bytes, &p);
   if (!UCS_PTR_IS_ERR(req) && !is_answer(hdr.kind)) ++seq_out_[pe];
   track(s, req, wait_local, what);
@@ -63,7 +72,7 @@ void UcxTransport::send_now(int pe, const Msg& hdr, const void* buf, std::size_t
 void UcxTransport::send_raw_for_testing(int pe, const Msg& m, const void* payload, std::size_t bytes) {
   const auto lock = guard();
   sends_.push_back(Send{m, nullptr, pe});
-  ucp_request_param_t p{};
+  ucp_request_param_t p = send_param(bytes);
   track(sends_.back(), ucp_am_send_nbx(eps_[pe], kAmId, &sends_.back().hdr, sizeof m, payload, bytes, &p), true,
         "send_raw_for_testing");
 }

@@ -81,20 +81,28 @@ Lanes lanes_of(ucp_ep_h ep) {
 
 UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::size_t heap_bytes,
                            const std::string& mode, std::chrono::duration<double> timeout, const PollPolicy& poll,
-                           bool threaded)
+                           bool threaded, std::size_t eager_max)
     : rank_(rank),
       nranks_(nranks),
       threaded_(threaded),
       base_(base),
       heap_bytes_(heap_bytes),
       timeout_(timeout),
-      poll_(poll) {
+      poll_(poll),
+      eager_max_(eager_max) {
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) fail("ucp_config_read", st);
   // UCX's keepalive (on with peer error handling) declares an endpoint dead when the peer's worker
   // goes unprogressed for long (a Context idle while another one works, a long compute): ubep's own
   // deadlines detect a peer that is gone, so it is off unless UCX_KEEPALIVE_INTERVAL asks for it.
   if (!std::getenv("UCX_KEEPALIVE_INTERVAL")) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf");
+  // TCP's segments (a transport's setting: ucp_config_modify takes it without the "TCP_" prefix): a message of
+  // up to 16 KiB goes in one copy (8 KiB by default: an 8 KiB message took the slower zero-copy path), and an
+  // eager one of up to UBEP_UCX_EAGER_MAX's 256 KiB in one segment (64 KiB by default: at 64 - 256 KiB each
+  // further segment cost about 20 us). A receiving endpoint holds one segment while a message is partly in.
+  // Measured across two emulated nodes (docs/MULTINODE.md, "The ucx route by size").
+  if (!std::getenv("UCX_TCP_TX_SEG_SIZE")) ucp_config_modify(config, "TX_SEG_SIZE", "16K");
+  if (!std::getenv("UCX_TCP_RX_SEG_SIZE")) ucp_config_modify(config, "RX_SEG_SIZE", "512K");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features =

@@ -71,7 +71,8 @@ class UcxTransport final : public Transport {
   /// UCS_THREAD_MODE_SERIALIZED), and the worker has an event fd (UCP_FEATURE_WAKEUP) the thread sleeps on.
   /// `threaded` must be the same on every rank (the UCP features choose the lanes).
   UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::size_t heap_bytes, const std::string& mode,
-               std::chrono::duration<double> timeout, const PollPolicy& poll, bool threaded);
+               std::chrono::duration<double> timeout, const PollPolicy& poll, bool threaded,
+               std::size_t eager_max = kUcxEagerAuto);
   /// Local: drops every message that still arrives, cancels the receives in flight (a get's destination may
   /// be freed already), closes the endpoints (force), destroys the worker and the context. Never
   /// communicates.
@@ -107,8 +108,9 @@ class UcxTransport final : public Transport {
   /// Progresses the worker: runs the handlers of arrived messages, continues rendezvous receives, and
   /// sends the answers they owe. Cheap when nothing arrived. Throws the error kept for this rank (a failed
   /// peer, a protocol violation), once.
-  void progress();
-  void poll() override { progress(); }
+  /// Returns whether a message for this rank landed (applied, answered, or queued in its source's order).
+  bool progress();
+  bool poll() override { return progress(); }
   void poll_keeping_errors() noexcept override;
 
   // ---- the progress thread (threaded transports) ----
@@ -193,6 +195,8 @@ class UcxTransport final : public Transport {
   /// A stream message (numbered here) or an answer: throttled first unless it is an answer.
   void send(int pe, Msg hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what);
   void send_now(int pe, const Msg& hdr, const void* buf, std::size_t bytes, bool wait_local, const char* what);
+  /// The parameters of an active message of `bytes` payload: eager up to eager_max_, rendezvous above it.
+  ucp_request_param_t send_param(std::size_t bytes) const;
   /// A request answered by `answer`: throttled, then registered (token, gets counted), then sent; nothing stays
   /// registered when the throttle or the send throws. Returns the token.
   std::uint64_t request(int pe, Msg m, std::uint8_t answer, void* dst, std::size_t dst_bytes, bool keep,
@@ -291,6 +295,8 @@ class UcxTransport final : public Transport {
   std::vector<int> dirty_list_;
   std::vector<std::uint64_t> get_rndv_tokens_;  // get answers arrived by rendezvous, to receive
   bool in_progress_ = false;
+  std::size_t eager_max_;                       // UBEP_UCX_EAGER_MAX: the protocol flag of each send
+  std::uint64_t landed_ = 0;                    // messages for this rank that passed the checks (progress())
   bool in_thread_ = false;                      // the progress thread's pass is running: errors are kept, never thrown
   std::atomic<std::uint64_t> app_polls_{0};     // see app_polls()
   bool fail_next_get_reply_ = false;            // fail_next_get_reply_for_testing
