@@ -93,7 +93,7 @@ struct Options {
   PollPolicy poll{};                                           ///< UBEP_POLL; see PollPolicy::parse
   std::vector<std::string> transports = default_transports();  ///< UBEP_TRANSPORTS (collective)
   UcxMode ucx_mode = UcxMode::automatic;                       ///< UBEP_UCX_MODE (collective)
-  std::size_t ucx_eager_max = std::size_t{256} << 10;          ///< UBEP_UCX_EAGER_MAX; kUcxEagerAuto: UCX chooses
+  std::size_t ucx_eager_max = std::size_t{1} << 20;            ///< UBEP_UCX_EAGER_MAX; kUcxEagerAuto: UCX chooses
   ProgressThread progress_thread = ProgressThread::automatic;  ///< UBEP_PROGRESS_THREAD (collective)
   std::uint32_t progress_interval_us = 50;                     ///< UBEP_PROGRESS_INTERVAL_US
   bool gpu = false;                                            ///< UBEP_GPU (collective)

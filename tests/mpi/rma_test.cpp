@@ -148,10 +148,10 @@ TEST(Rma, ThirdPartyCompletion) {
 
 TEST(Rma, FlushLocalMakesSourcesReusable) {
   // put_nbi from one buffer, flush_local(pe), overwrite the buffer, quiet: pe holds what was put, not
-  // the overwrite (512 KiB too: past UBEP_UCX_EAGER_MAX, a rendezvous on the ucx route).
+  // the overwrite (2 MiB too: past UBEP_UCX_EAGER_MAX, a rendezvous on the ucx route).
   Context ctx(MPI_COMM_WORLD, small_heap());
   const int n = ctx.size(), me = ctx.rank(), right = (me + 1) % n, left = (me + n - 1) % n;
-  for (const std::size_t count : {std::size_t{8}, std::size_t{64} << 10}) {
+  for (const std::size_t count : {std::size_t{8}, std::size_t{256} << 10}) {
     auto dst = ctx.alloc<std::uint64_t>(count);
     std::vector<std::uint64_t> src(count);
     for (std::size_t i = 0; i < count; ++i) src[i] = (static_cast<std::uint64_t>(me) << 40) | i;
@@ -179,8 +179,8 @@ TEST(Rma, SignalOpIsOrderedAfterPutsToEveryPeer) {
   if (world < 3) GTEST_SKIP() << "needs 3 ranks";  // before the Context: a skip must not leave it unfinalized
   Context ctx(MPI_COMM_WORLD, small_heap());
   const int n = ctx.size(), me = ctx.rank();
-  const int a = 0, b = n - 1, c = 1;        // b on another (emulated) node than a where there are two
-  constexpr std::size_t kCount = 64 << 10;  // 512 KiB: past UBEP_UCX_EAGER_MAX, a rendezvous on the ucx route
+  const int a = 0, b = n - 1, c = 1;         // b on another (emulated) node than a where there are two
+  constexpr std::size_t kCount = 256 << 10;  // 2 MiB: past UBEP_UCX_EAGER_MAX, a rendezvous on the ucx route
   auto data = ctx.alloc<std::uint64_t>(kCount);
   auto to_c = ctx.alloc_signals(1), to_b = ctx.alloc_signals(1);
   std::fill(data.local().begin(), data.local().end(), 0);

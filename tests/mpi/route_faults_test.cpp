@@ -114,8 +114,8 @@ TEST(Issue34, QuietThenPlainMpiBarrier) {
               0u)
         << info.progress_thread;
   }
-  // Eager and rendezvous on the ucx route (UBEP_UCX_EAGER_MAX: 256 KiB by default).
-  constexpr std::size_t kSmall = 1024, kBig = 512u << 10;
+  // Eager and rendezvous on the ucx route (UBEP_UCX_EAGER_MAX: 1 MiB by default).
+  constexpr std::size_t kSmall = 1024, kBig = 2u << 20;
   auto small = ctx.alloc<std::uint8_t>(n * kSmall);
   auto big = ctx.alloc<std::uint8_t>(n * kBig);
   auto sig = ctx.alloc_signals(2 * n);

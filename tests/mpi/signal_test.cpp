@@ -102,7 +102,7 @@ TEST(Signal, PayloadVisibleAtEveryEagerLimit) {
     Options o = heap(8);
     o.ucx_eager_max = eager_max;
     payload_visible_when_signal_observed(
-        o, {0, 1, 4096 - 8, 4096 - 7, 16384 + 5, (256u << 10) - 8, (256u << 10) - 7, (1u << 20) + 3});
+        o, {0, 1, 4096 - 8, 4096 - 7, 16384 + 5, (256u << 10) + 5, (1u << 20) - 8, (1u << 20) - 7});
   }
 }
 

@@ -194,10 +194,10 @@ TEST(Settings, DescribeReadsBack) {
   EXPECT_EQ(setting("UBEP_UCX_EAGER_MAX").value(o), "0");
 }
 
-// UBEP_UCX_EAGER_MAX takes a size (0: every payload by rendezvous) or auto (UCX's thresholds); 256K by default.
+// UBEP_UCX_EAGER_MAX takes a size (0: every payload by rendezvous) or auto (UCX's thresholds); 1M by default.
 TEST(Settings, UcxEagerMaxTakesSizeOrAuto) {
-  EXPECT_EQ(Options{}.ucx_eager_max, std::size_t{256} << 10);
-  EXPECT_EQ(setting("UBEP_UCX_EAGER_MAX").value(Options{}), "256K");
+  EXPECT_EQ(Options{}.ucx_eager_max, std::size_t{1} << 20);
+  EXPECT_EQ(setting("UBEP_UCX_EAGER_MAX").value(Options{}), "1M");
   for (const auto& [text, value] : {std::pair{"auto", kUcxEagerAuto}, std::pair{"0", std::size_t{0}},
                                     std::pair{"64K", std::size_t{64} << 10}, std::pair{"1000", std::size_t{1000}}}) {
     Env e("UBEP_UCX_EAGER_MAX", text);

@@ -98,8 +98,8 @@ UcxTransport::UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std:
   if (!std::getenv("UCX_KEEPALIVE_INTERVAL")) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf");
   // TCP's segments (a transport's setting: ucp_config_modify takes it without the "TCP_" prefix): a message of
   // up to 16 KiB goes in one copy (8 KiB by default: an 8 KiB message took the slower zero-copy path), and an
-  // eager one of up to UBEP_UCX_EAGER_MAX's 256 KiB in one segment (64 KiB by default: at 64 - 256 KiB each
-  // further segment cost about 20 us). A receiving endpoint holds one segment while a message is partly in.
+  // eager one of up to 512 KiB in one segment (64 KiB by default: at 64 - 256 KiB each further segment cost
+  // about 20 us). A receiving endpoint holds one segment while a message is partly in.
   // Measured across two emulated nodes (docs/MULTINODE.md, "The ucx route by size").
   if (!std::getenv("UCX_TCP_TX_SEG_SIZE")) ucp_config_modify(config, "TX_SEG_SIZE", "16K");
   if (!std::getenv("UCX_TCP_RX_SEG_SIZE")) ucp_config_modify(config, "RX_SEG_SIZE", "512K");
