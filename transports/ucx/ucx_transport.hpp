@@ -71,8 +71,7 @@ class UcxTransport final : public Transport {
   /// UCS_THREAD_MODE_SERIALIZED), and the worker has an event fd (UCP_FEATURE_WAKEUP) the thread sleeps on.
   /// `threaded` must be the same on every rank (the UCP features choose the lanes).
   UcxTransport(MPI_Comm comm, int rank, int nranks, char* base, std::size_t heap_bytes, const std::string& mode,
-               std::chrono::duration<double> timeout, const PollPolicy& poll, bool threaded,
-               std::size_t eager_max = kUcxEagerAuto);
+               std::chrono::duration<double> timeout, const PollPolicy& poll, bool threaded, std::size_t eager_max);
   /// Local: drops every message that still arrives, cancels the receives in flight (a get's destination may
   /// be freed already), closes the endpoints (force), destroys the worker and the context. Never
   /// communicates.
