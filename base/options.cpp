@@ -434,6 +434,13 @@ const std::vector<Setting>& table() {
           "the first kernel call, picks them): `auto` the fastest the CPU runs (`avx512`: AVX-512F, else "
           "`avx2`, else `portable`), or one of those forced (a path the CPU lacks: `Errc::unsupported`). Every "
           "path gives bit-identical outputs; `moe::kernels()` says which runs"),
+      row<&Options::moe_relay_thread, BoolCodec>(
+          "UBEP_MOE_RELAY_THREAD", kLocal, kUse,
+          "MoE, `per_node` across nodes: `1` gives each layer a thread that runs the rank's relay work (forwards, "
+          "node rows) while calls are in flight and the application is outside the layer, so a rank that computes "
+          "or blocks in MPI still serves the sources it relays for; the application must then not call the "
+          "`Context` between a `dispatch_send` and its `combine_recv` (docs/MOE.md, \"The relay thread\"). `0`: "
+          "relay work runs inside layer calls and `Layer::progress()`"),
       row<&Options::gpu_emulate, BoolCodec>(
           "UBEP_GPU_EMULATE", kCollective, kTesting,
           "`1` makes the GPU heap shared host memory standing in for device memory (copies are `memcpy`, node "

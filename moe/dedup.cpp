@@ -3,9 +3,11 @@
 #include "moe/dedup.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "moe/kernels.hpp"
 #include "moe/wire.hpp"
@@ -108,6 +110,13 @@ std::size_t dedup_heap_bytes(const Config& config, const Topology& topology, uns
 OneSidedImpl::Dedup::Dedup(OneSidedImpl& parent, Context& context)
     : layer(parent), ctx(context), shape(parent.config_, parent.node_, context.options().run_ahead) {
   rank = layer.rank_;
+  const bool threaded = ctx.options().moe_relay_thread && shape.relays;
+  if (threaded) {  // before the first collective call: every rank refuses alike (the settings and levels agree)
+    if (std::string why = relay_thread_refused(); !why.empty()) {
+      throw Error(Errc::unsupported,
+                  "ubep: rank " + std::to_string(rank) + ": moe::Layer: UBEP_MOE_RELAY_THREAD=1 " + why);
+    }
+  }
   float_rows = layer.partial_f32();
   const std::size_t need = shape.heap();
   layer.check_heap(need);
@@ -156,6 +165,65 @@ OneSidedImpl::Dedup::Dedup(OneSidedImpl& parent, Context& context)
   inbox_released.assign(shape.inbox_slots, 0);
   inbox_done.assign(shape.sets * shape.inbox_slots, 0);
   hidden = static_cast<std::size_t>(layer.config_.hidden);
+  if (threaded && my_inbox_slots() > 0) relay_thread = std::thread([this] { relay_loop(); });
+}
+
+OneSidedImpl::Dedup::~Dedup() {
+  relay_stop = true;
+  if (relay_thread.joinable()) relay_thread.join();
+}
+
+std::string OneSidedImpl::Dedup::relay_thread_refused() const {
+  if (UBEP_SIMGRID) return "is not for SimGrid builds (SMPI's ranks are threads it schedules itself)";
+  if (layer.config_.memory == Memory::device) return "takes host memory only (Config::memory is device)";
+  if (ctx.thread_level() < MPI_THREAD_MULTIPLE) {
+    return "needs MPI_THREAD_MULTIPLE (the thread sends while the application may sit in MPI); MPI provides " +
+           std::to_string(ctx.thread_level());
+  }
+  for (int p = 0; p < static_cast<int>(shape.ranks); ++p) {
+    if (ctx.route(p) == Route::ucx && ctx.options().progress_thread == ProgressThread::off) {
+      return "needs UCX's worker in its threaded mode: UBEP_PROGRESS_THREAD=auto or 1, not 0 (rank " +
+             std::to_string(p) + " is on the ucx route)";
+    }
+  }
+  return {};
+}
+
+std::unique_lock<std::mutex> OneSidedImpl::Dedup::enter() {
+  if (!relay_thread.joinable()) return {};
+  std::unique_lock<std::mutex> lock(mu);
+  for (const Count& c : thread_counts) layer.count(c.dispatch, c.pe, c.bytes);
+  thread_counts.clear();
+  if (thread_error) std::rethrow_exception(std::exchange(thread_error, nullptr));
+  return lock;
+}
+
+void OneSidedImpl::Dedup::count_sent(bool dispatch, int pe, std::size_t bytes) {
+  if (relay_thread.joinable() && std::this_thread::get_id() == relay_thread.get_id()) {
+    thread_counts.push_back({dispatch, pe, bytes});
+  } else {
+    layer.count(dispatch, pe, bytes);
+  }
+}
+
+void OneSidedImpl::Dedup::relay_loop() {
+  // It looks after kMinUs, doubling up to kMaxUs while nothing moved (or a layer call held the lock, or no call
+  // was in flight), back to kMinUs once something did: an idle layer costs a wake-up per millisecond.
+  constexpr long kMinUs = 20, kMaxUs = 1000;
+  long nap_us = kMinUs;
+  while (!relay_stop.load(std::memory_order_relaxed)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(nap_us));
+    bool moved = false;
+    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+    if (lock.owns_lock() && in_flight > 0 && !thread_error) {
+      try {
+        moved = progress();
+      } catch (...) {
+        thread_error = std::current_exception();
+      }
+    }
+    nap_us = moved ? kMinUs : std::min(nap_us * 2, kMaxUs);
+  }
 }
 
 bool OneSidedImpl::Dedup::owner_gathers(int source, int owner) const {
@@ -189,7 +257,8 @@ void OneSidedImpl::Dedup::serve(const std::function<bool()>& pred, const char* w
   }
 }
 
-void OneSidedImpl::Dedup::progress() {
+bool OneSidedImpl::Dedup::progress() {
+  bool any = false;
   for (;;) {
     bool moved = relay_work();
     for (std::size_t i = 0; i < shape.signal_count; ++i) {
@@ -199,8 +268,10 @@ void OneSidedImpl::Dedup::progress() {
       moved = true;
     }
     if (!moved) break;
+    any = true;
   }
   ctx.progress();
+  return any;
 }
 
 std::string OneSidedImpl::Dedup::awaited_report() const {
@@ -289,6 +360,8 @@ void OneSidedImpl::Dedup::protocol(const std::string& why, const char* what, int
 }
 
 std::size_t OneSidedImpl::Dedup::buffer_bytes() const {
+  std::unique_lock<std::mutex> lock;
+  if (relay_thread.joinable()) lock = std::unique_lock<std::mutex>(mu);  // the thread may add staging copies
   std::size_t b = shape.heap();
   for (const auto& [key, v] : stages) b += v.size();
   return b;
@@ -300,6 +373,7 @@ void OneSidedImpl::Dedup::send(HandleState& state, std::span<const std::byte> to
   const std::size_t ranks = shape.ranks, topk = shape.topk, num_tokens = static_cast<std::size_t>(state.n),
                     set = static_cast<std::size_t>(state.set);
   const std::size_t payload = static_cast<std::size_t>(layer.config_.hidden) * element_size(layer.config_.dtype);
+  ++in_flight;
   state.dd_target_tokens.assign(ranks, {});
   state.dd_entry_start.assign(ranks, {});
   state.dd_target_entries.assign(ranks, {});
@@ -396,7 +470,7 @@ void OneSidedImpl::Dedup::send(HandleState& state, std::span<const std::byte> to
       out.write(at + dedup::entries_at(shape.token_slot), state.dd_target_entries[target].data() + first,
                 entries * sizeof(DdEntry));
     }
-    layer.count(true, target, target_tokens.size() * shape.token_bytes);
+    count_sent(true, target, target_tokens.size() * shape.token_bytes);
     out.finish(signal, dedup::tag(call) | target_tokens.size());
   }
   ctx.progress();
@@ -472,6 +546,7 @@ void OneSidedImpl::Dedup::combine_recv(HandleState& state, std::span<float> out)
   for (auto& v : state.dd_kept_outputs) {
     if (v.capacity()) layer.pool_.push_back(std::move(v));
   }
+  --in_flight;
 }
 
 }  // namespace ubep::moe

@@ -29,18 +29,24 @@
 // then sums the owners' partial rows per record in owner rank order and sends one node row back. It releases
 // the inbox to its source once every owner that got records has sent its partial rows (they may gather from it).
 // Every wait of the layer goes through serve(), which runs the relay's work, so a relay forwards in whatever
-// call its caller is in; a rank's combine_recv(c) also finishes its relay work of call c.
+// call its caller is in; a rank's combine_recv(c) also finishes its relay work of call c. With
+// UBEP_MOE_RELAY_THREAD=1 a thread of the layer runs progress() too, while calls are in flight and the
+// application is outside the layer: `mu` makes it and the layer calls take turns (each call holds it).
 // Back-pressure as in per_expert: a writer writes call c into a receiver's set only after the receiver
 // released call c - sets (release signal of the receiver at the writer >= c - sets + 1).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moe/layer_impl.hpp"
@@ -156,8 +162,34 @@ struct OneSidedImpl::Dedup {
   std::vector<std::uint8_t> inbox_done;                    // [sets x inbox_slots] done, release not yet sent
   std::map<std::uint64_t, std::vector<std::byte>> stages;  // staging copies for the network routes
   std::size_t hidden = 0;
+  // The relay thread (UBEP_MOE_RELAY_THREAD=1, per_node across nodes): while `in_flight` calls are between
+  // dispatch_send and combine_recv it runs progress() whenever no layer call holds `mu`, backing off while
+  // nothing moves. What it sends is counted into `thread_counts`, and an error it meets into `thread_error`,
+  // both taken over by the next layer call (enter()).
+  struct Count {
+    bool dispatch;
+    int pe;
+    std::size_t bytes;
+  };
+  mutable std::mutex mu;
+  std::thread relay_thread;
+  std::atomic<bool> relay_stop{false};
+  std::uint64_t in_flight = 0;
+  std::vector<Count> thread_counts;
+  std::exception_ptr thread_error;
 
   Dedup(OneSidedImpl& parent, Context& context);
+  ~Dedup();
+  Dedup(const Dedup&) = delete;
+  Dedup& operator=(const Dedup&) = delete;
+  /// Taken by every layer call while the relay thread runs (else an empty lock): waits for the thread's pass,
+  /// counts what it sent, and throws the error it met, if any.
+  [[nodiscard]] std::unique_lock<std::mutex> enter();
+  /// Why this rank cannot run the relay thread (empty: it can).
+  std::string relay_thread_refused() const;
+  void relay_loop();
+  /// layer.count, from either thread.
+  void count_sent(bool dispatch, int pe, std::size_t bytes);
 
   /// Whether `source` writes straight to `owner` (else through source's relay on owner's node).
   bool writes_direct(int source, int owner) const {
@@ -173,8 +205,8 @@ struct OneSidedImpl::Dedup {
   /// Runs the relay work and waits for signals until pred() holds.
   void serve(const std::function<bool()>& pred, const char* what);
   /// Relay work without waiting: each armed signal is tested once (Context::test), and what became
-  /// ready runs, until nothing moves.
-  void progress();
+  /// ready runs, until nothing moves. True if anything moved.
+  bool progress();
   /// What the armed signals stand for, naming the source rank behind each relay (for timeout reports).
   std::string awaited_report() const;
   /// A staging copy for a message on a network route, reused once UCX is done with its last send.

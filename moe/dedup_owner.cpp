@@ -236,7 +236,7 @@ void OneSidedImpl::Dedup::combine_send(HandleState& state, int local, std::span<
     } else {
       dedup::notify(ctx, signal, dedup::tag(state.call) | 1, to);
     }
-    layer.count(false, to, records * shape.row_bytes);
+    count_sent(false, to, records * shape.row_bytes);
   }
   ctx.progress();
 }

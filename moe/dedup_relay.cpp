@@ -158,7 +158,7 @@ void OneSidedImpl::Dedup::forward(std::size_t set, std::size_t slot, int source,
     }
     out.write(at + shape.token_slot, &owner_count, 4);
     out.write(at + dedup::entries_at(shape.token_slot), owner_entries.data(), owner_entries.size() * sizeof(DdEntry));
-    layer.count(true, owner, shape.token_bytes);
+    count_sent(true, owner, shape.token_bytes);
     ++written;
   }
   out.finish(shape.chunk_signals + set * shape.ranks + source, dedup::tag(relay.call) | records);
@@ -178,7 +178,7 @@ void OneSidedImpl::Dedup::send_node_rows(std::size_t set, std::size_t slot, int 
     }
     node_row(rows, float_rows, hidden, out.in_place(j * shape.row_bytes, shape.row_bytes));
   }
-  layer.count(false, source, relay.records * shape.row_bytes);
+  count_sent(false, source, relay.records * shape.row_bytes);
   out.finish(shape.row_signals + set * shape.ranks + rank, dedup::tag(relay.call) | 1);
 }
 

@@ -190,7 +190,8 @@ OneSidedImpl::OneSidedImpl(Context& ctx, const Config& cfg)
 OneSidedImpl::~OneSidedImpl() = default;
 void OneSidedImpl::progress() {
   if (dedup_) {
-    dedup_->progress();
+    const auto lock = dedup_->enter();
+    (void)dedup_->progress();
   } else {
     ctx_.progress();
   }
@@ -203,7 +204,10 @@ std::size_t OneSidedImpl::buffer_bytes() const {
 }
 
 void OneSidedImpl::send(HandleState& h, std::span<const std::byte> tokens, std::span<const float> scales) {
-  if (dedup_) return dedup_->send(h, tokens, scales);
+  if (dedup_) {
+    const auto lock = dedup_->enter();
+    return dedup_->send(h, tokens, scales);
+  }
   PerExpert& m = *per_expert_;
   const std::size_t S = ctx_.options().run_ahead, L = map_.max_local(), P = size_;
   std::vector<std::uint64_t> header(2 * L);
@@ -283,7 +287,10 @@ void OneSidedImpl::send(HandleState& h, std::span<const std::byte> tokens, std::
 std::optional<int> OneSidedImpl::next_expert(Handle& h) {
   check_handle(h, "next_expert");
   HandleState& s = state_of(h);
-  if (dedup_) return dedup_->next_expert(s);
+  if (dedup_) {
+    const auto lock = dedup_->enter();
+    return dedup_->next_expert(s);
+  }
   PerExpert& m = *per_expert_;
   const int local = local_experts();
   release_if_done(s);  // a rank without experts releases at once
@@ -408,7 +415,10 @@ void OneSidedImpl::release_if_done(HandleState& s) {
 void OneSidedImpl::dispatch_recv(Handle& h) {
   check_handle(h, "dispatch_recv");
   HandleState& s = state_of(h);
-  if (dedup_) return dedup_->dispatch_recv(s);
+  if (dedup_) {
+    const auto lock = dedup_->enter();
+    return dedup_->dispatch_recv(s);
+  }
   // Complete every expert; hand-out state is restored so that next_expert still returns each once.
   std::vector<std::uint8_t> returned = s.returned;
   const int was = s.num_returned;
@@ -435,7 +445,10 @@ std::span<std::byte> OneSidedImpl::heap_outputs(HandleState& s, int local, std::
 void OneSidedImpl::send_outputs(Handle& h, int local, std::span<const std::byte> outputs) {
   check_combine_send(h, local, outputs);
   HandleState& s = state_of(h);
-  if (dedup_) return dedup_->combine_send(s, local, outputs);
+  if (dedup_) {
+    const auto lock = dedup_->enter();
+    return dedup_->combine_send(s, local, outputs);
+  }
   PerExpert& m = *per_expert_;
   const std::size_t P = size_, L = map_.max_local();
   const std::size_t Mk = static_cast<std::size_t>(config_.max_tokens_per_rank) * config_.topk;
@@ -534,6 +547,7 @@ void OneSidedImpl::recv_outputs(Handle& h, std::span<float> out) {
   check_combine_recv(h);
   HandleState& s = state_of(h);
   if (dedup_) {
+    const auto lock = dedup_->enter();
     dedup_->combine_recv(s, out);
     finish(s);
     return;

@@ -12,7 +12,7 @@
 #   5. the libFuzzer targets (scripts/fuzz.sh: clang, build-fuzz), 10 s each
 #   6. a ThreadSanitizer build in its own tree (build-tsan): the tests that run a second thread (progress
 #      thread on the ucx and mpi routes and driving the staged GPU route, the ucx route's default thread under
-#      faults and forged messages, bounded MPI calls, a soak run with the progress thread)
+#      faults and forged messages, bounded MPI calls, a soak run with the progress thread, the MoE relay thread)
 #   7. a SimGrid build in its own tree (build-sim, UBEP_SIMGRID=ON): the RMA, signal and MoE suites at 8 and
 #      32 simulated ranks and at 16 on 2 hosts of 8, ubep_moe_bench at 64, bench/sim/run.sh --quick under
 #      smpirun, and bench/sim/calibrate.sh --quick (emulated nodes with the default tree's benchmarks against
@@ -88,17 +88,17 @@ if [[ "${UBEP_TEST_SKIP_FUZZ:-0}" != 1 ]]; then
 fi
 
 if [[ "${UBEP_TEST_SKIP_TSAN:-0}" != 1 ]]; then
-  echo "== ThreadSanitizer build (build-tsan): the progress thread (and the staged GPU route it drives), UCX's worker lock, the bounded MPI calls"
+  echo "== ThreadSanitizer build (build-tsan): the progress thread (and the staged GPU route it drives), UCX's worker lock, the bounded MPI calls, the MoE relay thread"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_TSAN=ON -DUBEP_BUILD_BENCH=OFF >/dev/null
   cmake --build build-tsan -j "$JOBS" --target rma_test signal_test runtime_regression_test stall_test ubep-stress gpu_heap_test \
-    route_faults_test
+    route_faults_test moe_modes_test
   echo "== tests (build-tsan)"
   # Open MPI's memory patcher and UCX's memory hooks intercept munmap/madvise, also in a thread that TSan
   # has already torn down (a segfault at thread exit): both off. tsan.supp says what else is not ours.
   OMPI_MCA_memory=^patcher UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$JOBS" --timeout 600 \
-    -R '\.ucx_thread$|^stall_test\.|^rma_test\.np2\.thread\.mpi$|^soak\..*thread|^gpu_heap_test\.np2\.vnodes_thread$|^route_faults_test\.np3\.ucx$'
+    -R '\.ucx_thread$|^stall_test\.|^rma_test\.np2\.thread\.mpi$|^soak\..*thread|^gpu_heap_test\.np2\.vnodes_thread$|^route_faults_test\.np3\.ucx$|^moe_modes_test\.np4\.vnodes_relay_thread$'
 fi
 if [[ "${UBEP_TEST_SKIP_SIM:-0}" != 1 ]]; then
   echo "== SimGrid build (build-sim): every rank a simulated host, signals as messages, blocking waits"

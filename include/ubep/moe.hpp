@@ -44,7 +44,14 @@
 ///     dispatch_send and its combine_recv a rank must therefore not block outside the layer on other ranks
 ///     (an MPI collective, a wait on a peer): other ranks' tokens may be waiting in its inbox. A rank that
 ///     stays outside the layer for long (a long compute, a loop over another library) calls
-///     Layer::progress() from time to time.
+///     Layer::progress() from time to time. With UBEP_MOE_RELAY_THREAD=1 a thread of the layer does that
+///     relay work while calls are in flight and no layer call runs, so the rank may compute or block in MPI
+///     meanwhile; it must then not call the Context itself between a dispatch_send and its combine_recv
+///     (other layer calls and plain MPI are fine), and must destroy the layer or complete its calls before
+///     Context::finalize. The thread's errors are thrown by this rank's next layer call; outputs are
+///     bit-identical either way. The layer refuses it (Errc::unsupported, every rank alike, before any
+///     collective call) with MPI below MPI_THREAD_MULTIPLE, with UBEP_PROGRESS_THREAD=0 and peers on the ucx
+///     route, with Memory::device and in SimGrid builds (docs/MOE.md, "The relay thread").
 ///
 /// One call, on every rank:
 ///   auto h = layer.dispatch(tokens, topk_idx, topk_weights);     // or dispatch_send + dispatch_recv

@@ -107,6 +107,7 @@ struct Options {
   MpiSignal mpi_signal = UBEP_SIMGRID ? MpiSignal::message : MpiSignal::put;  ///< UBEP_MPI_SIGNAL (collective)
   MpiBounded mpi_bounded = MpiBounded::automatic;                             ///< UBEP_MPI_BOUNDED
   MoeKernels moe_kernels = MoeKernels::automatic;                             ///< UBEP_MOE_KERNELS (read per process)
+  bool moe_relay_thread = false;                                              ///< UBEP_MOE_RELAY_THREAD
   // For testing (the table's "testing" rows):
   bool gpu_emulate = false;   ///< UBEP_GPU_EMULATE (collective, testing)
   std::string virtual_nodes;  ///< UBEP_VIRTUAL_NODES (collective, testing)

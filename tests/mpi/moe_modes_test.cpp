@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <span>
 #include <sstream>
@@ -625,34 +626,26 @@ TEST(MoeModes, HeapBytesForTheNodeMapIsEnough) {
 
 // ---- a relay outside the layer -----------------------------------------------------------------------
 
-// The last rank stays outside the layer after its dispatch_send, calling only Layer::progress() and polling
-// plain MPI, until every other rank has finished dispatch_recv. Across nodes under per_node the others'
-// tokens pass through it as a relay: without progress() their dispatch_recv would time out. On one node
-// there is no relay and the test checks the outputs only.
-TEST(MoeModes, ProgressServesRelaysOutsideTheLayer) {
-  Options o = opts();
-  o.wait_timeout = std::chrono::duration<double>(20.0);
-  Context ctx(MPI_COMM_WORLD, o);
-  Config c{7, 8, DType::bf16, 3, 6};
-  c.combine = Combine::per_node;
-  moe::Layer layer(ctx, c);
+// Three calls (buffer sets reused) in which the last rank stays outside the layer after its dispatch_send,
+// in `outside_wait` (given the requests of one message from every other rank), until every other rank has
+// finished dispatch_recv; then every rank completes the call and the outputs match the reference. Across
+// nodes under per_node the others' tokens pass through that rank as a relay.
+template <class Wait>
+void with_last_rank_outside(Context& ctx, moe::Layer& layer, const Config& c, int seed, Wait&& outside_wait) {
   const int rank = ctx.rank(), size = ctx.size(), outside = size - 1;
   constexpr int kTag = 4242;
   for (int call = 0; call < 3; ++call) {
-    const Input in = input_of(c, rank, size, Route::full, 60 + call);
+    const Input in = input_of(c, rank, size, Route::full, seed + call);
     moe::Handle h = layer.dispatch_send(in.tokens, in.idx, in.weights, in.scales);
     int token = call;
     if (rank == outside) {
       std::vector<MPI_Request> reqs(size - 1);
-      std::vector<int> got(size - 1);
+      std::vector<int> got(size - 1, -1);
       for (int p = 0; p < size - 1; ++p) MPI_Irecv(&got[p], 1, MPI_INT, p, kTag, MPI_COMM_WORLD, &reqs[p]);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      int done = 0;
-      while (!done && std::chrono::steady_clock::now() < until) {
-        layer.progress();
-        MPI_Testall(size - 1, reqs.data(), &done, MPI_STATUSES_IGNORE);
+      outside_wait(reqs);
+      for (int p = 0; p < size - 1; ++p) {
+        ASSERT_EQ(got[p], call) << "rank " << p << " did not finish dispatch_recv of call " << call;
       }
-      ASSERT_TRUE(done) << "the other ranks did not finish dispatch_recv of call " << call;
     } else {
       layer.dispatch_recv(h);
       MPI_Send(&token, 1, MPI_INT, outside, kTag, MPI_COMM_WORLD);
@@ -661,6 +654,79 @@ TEST(MoeModes, ProgressServesRelaysOutsideTheLayer) {
     std::vector<float> out(static_cast<std::size_t>(in.n) * c.hidden);
     layer.combine_recv(h, out);
     EXPECT_TRUE(bit_identical(out, reference(ctx, c, in))) << "call " << call;
+  }
+}
+
+// The last rank calls only Layer::progress() and polls plain MPI while outside: without progress() the
+// others' dispatch_recv would time out. On one node there is no relay and the test checks the outputs only.
+TEST(MoeModes, ProgressServesRelaysOutsideTheLayer) {
+  Options o = opts();
+  o.wait_timeout = std::chrono::duration<double>(20.0);
+  Context ctx(MPI_COMM_WORLD, o);
+  Config c{7, 8, DType::bf16, 3, 6};
+  c.combine = Combine::per_node;
+  moe::Layer layer(ctx, c);
+  with_last_rank_outside(ctx, layer, c, 60, [&](std::vector<MPI_Request>& reqs) {  // 60 s at most
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < until) {
+      layer.progress();
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    }
+  });
+  ctx.finalize();
+}
+
+// With UBEP_MOE_RELAY_THREAD=1 the last rank blocks in plain MPI while outside (MPI_Waitall, no layer call, no
+// Layer::progress()): the layer's relay thread forwards the tokens it relays meanwhile. Without the thread
+// the others' dispatch_recv would time out (UBEP_WAIT_TIMEOUT) naming that rank. On one node there is no
+// relay and no thread; the outputs are checked.
+TEST(MoeModes, RelayThreadServesWhileTheRankBlocksInMpi) {
+  Options o = opts();
+  o.wait_timeout = std::chrono::duration<double>(20.0);
+  o.moe_relay_thread = true;
+  Context ctx(MPI_COMM_WORLD, o);
+  Config c{7, 8, DType::bf16, 3, 6};
+  c.combine = Combine::per_node;
+  std::unique_ptr<moe::Layer> made;
+  try {
+    made = std::make_unique<moe::Layer>(ctx, c);
+  } catch (const Error& e) {  // the configurations the thread refuses (every rank alike)
+    ASSERT_EQ(e.code(), Errc::unsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("UBEP_MOE_RELAY_THREAD=1"), std::string::npos) << e.what();
+    ctx.finalize();
+    GTEST_SKIP() << e.what();
+  }
+  with_last_rank_outside(ctx, *made, c, 70, [](std::vector<MPI_Request>& reqs) {
+    MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+  });
+  made.reset();
+  ctx.finalize();
+}
+
+// The relay thread is refused, before any collective call of the layer and on every rank alike, where its
+// sends could not run beside the application: UCX's worker without its threaded mode (UBEP_PROGRESS_THREAD=0
+// with ucx-route peers). The error names the rank, the setting and the reason.
+TEST(MoeModes, RelayThreadRefusesWhatItCannotServe) {
+  Options o = opts();
+  o.moe_relay_thread = true;
+  o.progress_thread = ProgressThread::off;
+  Context ctx(MPI_COMM_WORLD, o);
+  bool ucx = false;
+  for (int p = 0; p < ctx.size(); ++p) ucx = ucx || ctx.route(p) == ubep::Route::ucx;
+  Config c{7, 8, DType::bf16, 3, 6};
+  c.combine = Combine::per_node;
+  const bool relays = ctx.topology().num_nodes() > 1;
+  try {
+    moe::Layer layer(ctx, c);
+    EXPECT_FALSE(relays && ucx) << "rank " << ctx.rank() << ": a relay thread over UCX without its threaded mode";
+  } catch (const Error& e) {
+    EXPECT_TRUE(relays && ucx) << e.what();
+    EXPECT_EQ(e.code(), Errc::unsupported) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("UBEP_MOE_RELAY_THREAD=1"), std::string::npos) << what;
+    EXPECT_NE(what.find("UBEP_PROGRESS_THREAD"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank " + std::to_string(ctx.rank())), std::string::npos) << what;
   }
   ctx.finalize();
 }

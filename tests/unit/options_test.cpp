@@ -158,7 +158,8 @@ TEST(Settings, TableDefinesEachVariableOnce) {
   // What every rank must agree on, and what is for testing only.
   for (const char* name : {"UBEP_HEAP_SIZE", "UBEP_TRANSPORTS", "UBEP_MPI_SIGNAL", "UBEP_GPU_HEAP_SIZE"})
     EXPECT_TRUE(setting(name).collective) << name;
-  for (const char* name : {"UBEP_WAIT_TIMEOUT", "UBEP_POLL", "UBEP_SCHEDULE", "UBEP_MOE_KERNELS"})
+  for (const char* name :
+       {"UBEP_WAIT_TIMEOUT", "UBEP_POLL", "UBEP_SCHEDULE", "UBEP_MOE_KERNELS", "UBEP_MOE_RELAY_THREAD"})
     EXPECT_FALSE(setting(name).collective) << name;
   for (const Setting& row : settings()) {
     const std::string name = row.name;
@@ -181,6 +182,7 @@ TEST(Settings, DescribeReadsBack) {
   o.mpi_signal = MpiSignal::accumulate;
   o.mpi_bounded = MpiBounded::all;
   o.moe_kernels = MoeKernels::portable;
+  o.moe_relay_thread = true;
   o.virtual_nodes = "0,1|2,3";
   o.gpu_heap_size = std::size_t{5} << 30;
   std::vector<std::unique_ptr<Env>> env;
