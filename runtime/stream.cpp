@@ -46,7 +46,8 @@ namespace {
 
 /// Payloads up to this size go with the signal in one kernel; larger ones through the copy engines.
 constexpr std::size_t kKernelCopyMax = 64 * 1024;
-/// Stream-wait slots are allocated this many at a time.
+/// Stream-wait slots are allocated this many at a time: the first block when the stream calls are set up (before
+/// any kernel runs), another only when that many waits are in flight at once.
 constexpr std::size_t kSlotsPerBlock = 64;
 
 #if UBEP_HAVE_CUDA_KERNELS
@@ -81,10 +82,25 @@ void register_heaps(State& s, const char* call, GpuStreams& g) {
     }
   }
 }
+
+/// Another block of kSlotsPerBlock stream-wait slots (mapped host memory), all free.
+void add_slots(State& s, const char* call, GpuStreams& g) {
+  void *host = nullptr, *device = nullptr;
+  check_cuda(s, call, cuda::alloc_mapped(kSlotsPerBlock * sizeof(cuda::StreamWaitStatus), &host, &device),
+             "cudaHostAlloc of stream-wait slots");
+  g.blocks.push_back(host);
+  for (std::size_t i = 0; i < kSlotsPerBlock; ++i) {
+    g.slots.push_back(
+        {static_cast<cuda::StreamWaitStatus*>(host) + i, static_cast<cuda::StreamWaitStatus*>(device) + i});
+    g.free_slots.push_back(&g.slots.back());
+  }
+}
 #endif
 
 /// The checks every stream call makes after its argument checks, in this order: `pe` reached by load/store
-/// (route and signals), a build with the kernels, a GPU; then the first call registers the heaps.
+/// (route and signals), a build with the kernels, a GPU; then the first call registers the heaps, loads the
+/// kernels and allocates the first stream-wait slots, so that no later call loads a module or allocates
+/// while a wait kernel spins (either may need a context-wide synchronization that waits for that kernel).
 GpuStreams& stream_peer(State& s, const char* call, int pe) {
   if (s.routes.mapped_signals[pe] == nullptr) {
     std::string why = "rank " + std::to_string(pe) + " is on the " + to_string(s.routes.route[pe]) + " route";
@@ -100,6 +116,8 @@ GpuStreams& stream_peer(State& s, const char* call, int pe) {
     if (!g.available) s.fail(Errc::unsupported, call, "no usable GPU here: " + g.reason);
     auto streams = std::make_unique<GpuStreams>();
     register_heaps(s, call, *streams);  // on a throw, the registrations made so far are undone
+    check_cuda(s, call, cuda::load_kernels(), "loading the signal kernels (cudaFuncGetAttributes)");
+    add_slots(s, call, *streams);
     s.gpu.streams = std::move(streams);
   }
   return *s.gpu.streams;
@@ -138,17 +156,7 @@ void signal_on_stream(State& s, const char* call, GpuStreams& g, std::size_t sof
 }
 
 StreamWaitSlot* take_slot(State& s, const char* call, GpuStreams& g) {
-  if (g.free_slots.empty()) {
-    void *host = nullptr, *device = nullptr;
-    check_cuda(s, call, cuda::alloc_mapped(kSlotsPerBlock * sizeof(cuda::StreamWaitStatus), &host, &device),
-               "cudaHostAlloc of stream-wait slots");
-    g.blocks.push_back(host);
-    for (std::size_t i = 0; i < kSlotsPerBlock; ++i) {
-      g.slots.push_back(
-          {static_cast<cuda::StreamWaitStatus*>(host) + i, static_cast<cuda::StreamWaitStatus*>(device) + i});
-      g.free_slots.push_back(&g.slots.back());
-    }
-  }
+  if (g.free_slots.empty()) add_slots(s, call, g);
   StreamWaitSlot* slot = g.free_slots.back();
   g.free_slots.pop_back();
   *slot->host = cuda::StreamWaitStatus{};

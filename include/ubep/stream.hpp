@@ -21,7 +21,10 @@
 ///    says whether it was met; a timed-out one throws Errc::timeout with a report when asked for its result.
 ///  - The first stream call of a context registers the mapped host heaps of this rank's node peers with CUDA
 ///    (cudaHostRegister, mapped), and finalize() unregisters them: synchronize the streams that used the
-///    context before finalize().
+///    context before finalize(). It also loads ubep's kernels into the current CUDA context and allocates 64
+///    stream-wait slots, so that no later call loads a module or allocates while a stream wait spins (CUDA
+///    loads kernels lazily, and either may wait for the running kernels: a put meant to satisfy the wait would
+///    wait for its deadline). More than 64 waits in flight at once allocate another 64 at that call.
 #pragma once
 
 #include <cstdint>

@@ -6,17 +6,23 @@
 #
 #   tests/gpu/check.sh LOGDIR             build (build-gpu), run the checks, write LOGDIR/<step>.log and
 #                                         LOGDIR/summary.txt; exit 0 when every step passed
+#   tests/gpu/check.sh --quick LOGDIR     only the GPU targets and the GPU tests (no memcheck, benchmarks or
+#                                         unit label): what fits a short device window
 #   tests/gpu/check.sh --fetch-debs DIR   (on a Debian 12 machine with apt, e.g. the build machine) download the
 #                                         packages into DIR (about 10 MB), to carry to the GPU machine
 #
-# Steps: environment (nvidia-smi, nvcc), MPI (installed, or unpacked from UBEP_GPU_DEBS), configure + build
-# (Release with debug info, warnings as errors, CUDA required), the PTX check (build.ptx_signal_orderings),
+# Steps: the GPUs and their compute mode (first: in an exclusive mode two ranks cannot share a GPU, and every
+# test of 2 ranks fails), environment (nvcc, compilers), MPI (installed, or unpacked from UBEP_GPU_DEBS),
+# configure + build (Release with debug info, CUDA required; warnings are not errors here: the device image's
+# compilers may be newer than the ones CI builds with), the PTX check and its self-test,
 # label gpu under UBEP_REQUIRE_GPU=1 (gpu.device_check, gpu.kernels_check: a skip is a failure), the GPU
 # context, public API, GPU heap and MoE-on-GPU-memory tests under mpirun, compute-sanitizer memcheck of
 # gpu_kernels_check (when the tool is there and the machine lets it run; "not run" otherwise, not a failure),
 # the --memory host|device benchmark runs (put and get latency, put bandwidth, signal latency on one GPU, put bandwidth
 # across 2 virtual nodes: the staged route; ubep_moe_bench at 4 ranks), then the unit label as a smoke test of
-# the build. Well under ten minutes on a 16-core machine (the build is most of it).
+# the build. Well under ten minutes on a 16-core machine (the build is most of it). Every wait of ubep times
+# out after UBEP_WAIT_TIMEOUT=30 s (unless set), every ctest after 180 s (--timeout, where a test sets none),
+# and every other launch under `timeout`, so a hang costs minutes, not the device window.
 #
 # Environment: UBEP_GPU_DEBS (default .gpu-debs in the source tree: the folder of .deb files), UBEP_GPU_BUILD
 # (default build-gpu), UBEP_GPU_PREFIX (default /tmp/ubep-gpu-prefix: where the packages are unpacked),
@@ -42,8 +48,13 @@ if [[ "${1:-}" == --fetch-debs ]]; then
   echo "$(ls "$dir"/*.deb | wc -l) packages in $dir ($(du -sh "$dir" | cut -f1))"
   exit 0
 fi
+quick=0
+if [[ "${1:-}" == --quick ]]; then
+  quick=1
+  shift
+fi
 if [[ $# -ne 1 || "$1" == -* ]]; then
-  sed -n '7,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '7,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1"
@@ -55,7 +66,9 @@ build=${UBEP_GPU_BUILD:-build-gpu}
 export UBEP_REQUIRE_GPU=${UBEP_REQUIRE_GPU:-1}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 GTEST_COLOR=no
 export OMPI_MCA_osc=${OMPI_MCA_osc:-ucx,sm}
+export UBEP_WAIT_TIMEOUT=${UBEP_WAIT_TIMEOUT:-30}
 jobs=$(nproc)
+ctest_limit=(--timeout 180)
 
 # step NAME COMMAND...: runs COMMAND with its output in LOGDIR/NAME.log, one line in the summary.
 # Exit status 77 of the command is "not run" (with the log's last line as the reason), not a failure.
@@ -80,9 +93,21 @@ step() {
   return $rc
 }
 
+# The GPUs and their compute mode, printed first (also to the terminal).
+gpu_mode() {
+  if ! command -v nvidia-smi >/dev/null; then
+    echo "nvidia-smi is not installed: no NVIDIA driver here"
+    return 0
+  fi
+  timeout 60 nvidia-smi --query-gpu=index,name,compute_mode,driver_version,memory.total --format=csv || return 1
+  if timeout 60 nvidia-smi --query-gpu=compute_mode --format=csv,noheader | grep -qi exclusive; then
+    echo "WARNING: a GPU is in an exclusive compute mode: two ranks cannot share it, so every test of 2 or more"
+    echo "ranks on it fails (as root: nvidia-smi -c DEFAULT)"
+  fi
+}
+
 environment() {
   uname -a
-  command -v nvidia-smi >/dev/null && nvidia-smi -L && nvidia-smi --query-gpu=driver_version,memory.total --format=csv
   nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   "$nvcc_bin" --version
   cmake --version | head -n 1
@@ -116,6 +141,8 @@ prepare_mpi() {
   "$prefix/usr/bin/mpiexec.openmpi" --version | head -n 1
 }
 prefix=${UBEP_GPU_PREFIX:-/tmp/ubep-gpu-prefix}
+step gpu_mode gpu_mode
+cat "$logs/gpu_mode.log"
 step environment environment
 step mpi prepare_mpi || {
   echo "cannot go on without MPI" | tee -a "$summary"
@@ -127,7 +154,9 @@ if [[ -x "$prefix/usr/bin/mpiexec.openmpi" && ("${UBEP_GPU_USE_DEBS:-0}" == 1 ||
   lib=$prefix/usr/lib/x86_64-linux-gnu
   export OPAL_PREFIX=$prefix/usr
   export PATH=$prefix/usr/bin:$PATH
-  export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib:$lib/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Debian's Open MPI uses the external PMIx of libpmix2: its install prefix and plugins moved with it.
+  export PMIX_INSTALL_PREFIX=$lib/pmix2 PMIX_MCA_mca_base_component_path=$lib/pmix2/lib/pmix
   # Debian's MCA defaults (pml ob1, no osc pt2pt) live in /etc/openmpi, which OPAL_PREFIX does not move.
   export OMPI_MCA_mca_base_param_files=$prefix/etc/openmpi/openmpi-mca-params.conf
   cmake_mpi=(-DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.openmpi"
@@ -140,19 +169,30 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 configure() {
   local nvcc_bin
   nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-  cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=ON \
-    -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DUBEP_BUILD_BENCH=ON -DUBEP_BUILD_MICRO=OFF \
-    "${cmake_mpi[@]}" &&
-    cmake --build "$build" -j "$jobs"
+  local targets=()
+  # --quick: the GPU checks, the PTX and the MPI tests the mpi_gpu step runs (with the library they link).
+  ((quick)) && targets=(--target gpu_device_check gpu_kernels_check ubep_transports_cuda_ptx gpu_context_test
+    public_api_test stream_test gpu_heap_test moe_device_test)
+  cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_WERROR=OFF \
+    -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DUBEP_BUILD_BENCH=$((quick ? 0 : 1)) \
+    -DUBEP_BUILD_MICRO=OFF "${cmake_mpi[@]}" &&
+    cmake --build "$build" -j "$jobs" "${targets[@]}"
 }
 step build configure || {
   echo "cannot go on without a build" | tee -a "$summary"
   exit 1
 }
-step ptx ctest --test-dir "$build" --output-on-failure -R '^build\.ptx_signal_orderings$' --no-tests=error
-step gpu ctest --test-dir "$build" --output-on-failure -L gpu --no-tests=error
-step mpi_gpu ctest --test-dir "$build" --output-on-failure --no-tests=error \
+step ptx ctest --test-dir "$build" --output-on-failure "${ctest_limit[@]}" --no-tests=error \
+  -R '^build\.ptx_(signal_orderings|check_self_test)$'
+step gpu ctest --test-dir "$build" --output-on-failure "${ctest_limit[@]}" -L gpu --no-tests=error
+step mpi_gpu ctest --test-dir "$build" --output-on-failure "${ctest_limit[@]}" --no-tests=error \
   -R '^((gpu_context_test|public_api_test|stream_test|gpu_heap_test|moe_device_test)\.np2|(gpu_heap|moe_device)_test\.np[24]\.vnodes)$'
+if ((quick)); then
+  echo "not run  memcheck, bench_device, unit: --quick" | tee -a "$summary"
+  echo "== summary ($summary)"
+  cat "$summary"
+  exit $failed
+fi
 memcheck() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
@@ -160,7 +200,7 @@ memcheck() {
     echo "compute-sanitizer is not installed"
     return 77
   fi
-  "$cs" --tool memcheck --error-exitcode 3 "$build/tests/gpu_kernels_check"
+  timeout 600 "$cs" --tool memcheck --error-exitcode 3 "$build/tests/gpu_kernels_check"
   local rc=$?
   # The tool refuses some virtualized devices ("Device not supported"): that is no finding about ubep.
   if ((rc != 0 && rc != 3)) && grep -q "Device not supported" "$logs/memcheck.log"; then
@@ -173,7 +213,7 @@ step memcheck memcheck
 # GPU numbers: ubep's put, get, put bandwidth and put_signal between 2 processes on the GPU (CUDA IPC), and put
 # bandwidth across 2 virtual nodes (the staged route), beside the host-memory runs of the same job sizes. The logs keep the tables.
 bench_device() (  # a subshell: its exports end with it
-  local run=("$mpiexec_bin" -n 2 --oversubscribe)
+  local run=(timeout 300 "$mpiexec_bin" -n 2 --oversubscribe)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   local b=$build/bench common=(--max-size 4194304 -i 2000 --iterations-large 200 -x 100 --batches 5)
   local rc=0 mem moe_tokens=128,1024
@@ -198,12 +238,12 @@ bench_device() (  # a subshell: its exports end with it
   # MoE dispatch/combine with GPU buffers (moe::Config::memory) beside host buffers, 4 ranks on the one GPU.
   for mem in host device; do
     echo "== ubep_moe_bench --memory $mem"
-    "$mpiexec_bin" -n 4 --oversubscribe "$b/ubep_moe_bench" --tokens $moe_tokens --compute-us-per-token 0 --memory $mem || rc=1
+    timeout 600 "$mpiexec_bin" -n 4 --oversubscribe "$b/ubep_moe_bench" --tokens $moe_tokens --compute-us-per-token 0 --memory $mem || rc=1
   done
   return $rc
 )
 step bench_device bench_device
-step unit ctest --test-dir "$build" --output-on-failure -L unit -j "$jobs"
+step unit ctest --test-dir "$build" --output-on-failure "${ctest_limit[@]}" -L unit -j "$jobs"
 
 echo "== summary ($summary)"
 cat "$summary"

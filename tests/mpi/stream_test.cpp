@@ -4,10 +4,12 @@
 //    (in builds without kernels: that the build lacks them); an empty StreamWait and a finalized context throw;
 //  - with a GPU (tests/gpu/check.sh): a GPU put_signal reaches a node peer's host heap (one kernel and the copy
 //    engines, set and add), a stream waits for a CPU put_signal and then reads its data, and a stream wait that
-//    is never satisfied ends at its deadline with a report.
+//    is never satisfied ends at its deadline with a report; the first launch of a kernel while a wait spins
+//    does not wait for that wait.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -166,6 +168,42 @@ TEST_F(GpuStreams, PutSignalFromAStreamReachesTheNodePeer) {
   EXPECT_TRUE(ok) << "rank " << ctx.rank() << ": the data of rank " << from << " differs";
   ctx.barrier();
   CUDA_OK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaFree(dev));
+  ctx.finalize();
+}
+
+// The first stream calls of a context: a wait that spins on one stream, then the first launch of the put kernel
+// on another stream, which satisfies it. CUDA loads kernels lazily by default, and loading one may wait for
+// the kernels running (the spinning wait, until its deadline); ubep loads its kernels and allocates its wait
+// slots when it sets the stream calls up, so the wait ends met, long before its deadline. Nothing is allocated
+// or loaded by the test itself once the wait spins.
+TEST_F(GpuStreams, FirstLaunchWhileAWaitSpinsDoesNotStall) {
+  Context ctx(MPI_COMM_WORLD, test::with_heap(16u << 20));
+  if (ctx.atomics_through_mpi()) {
+    ctx.finalize();
+    GTEST_SKIP() << "needs load/store atomics";
+  }
+  auto data = ctx.alloc<std::uint64_t>(1);
+  auto sig = ctx.alloc_signals(1);
+  const std::uint64_t payload = 0x5eedu + static_cast<std::uint64_t>(ctx.rank());
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, sizeof payload));
+  CUDA_OK(cudaMemcpy(dev, &payload, sizeof payload, cudaMemcpyHostToDevice));  // synchronous: done on return
+  cudaStream_t waiting, putting;
+  CUDA_OK(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&putting, cudaStreamNonBlocking));
+  WaitOptions opts;
+  opts.timeout = std::chrono::seconds(20);
+  StreamWait w = ctx.wait_until_on_stream(sig.data(), Cmp::ge, 1, waiting, opts);  // sets the stream calls up
+  ctx.put_signal_on_stream(data.data(), dev, sizeof payload, sig.data(), 1, SignalOp::set, ctx.rank(), putting);
+  CUDA_OK(cudaStreamSynchronize(waiting));
+  CUDA_OK(cudaStreamSynchronize(putting));
+  ASSERT_TRUE(w.done());
+  EXPECT_EQ(w.result(), 1u) << "rank " << ctx.rank();  // throws Errc::timeout if the put waited for the deadline
+  EXPECT_EQ(data[0], payload) << "rank " << ctx.rank();
+  ctx.barrier();
+  CUDA_OK(cudaStreamDestroy(waiting));
+  CUDA_OK(cudaStreamDestroy(putting));
   CUDA_OK(cudaFree(dev));
   ctx.finalize();
 }

@@ -111,6 +111,18 @@ int wait_until_async(void* stream, const std::uint64_t* sig, Cmp cmp, std::uint6
   return launched();
 }
 
+int load_kernels() {
+  cudaFuncAttributes attributes{};
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(&put_signal_kernel), reinterpret_cast<const void*>(&signal_op_kernel),
+        reinterpret_cast<const void*>(&wait_until_kernel)}) {
+    if (const cudaError_t rc = cudaFuncGetAttributes(&attributes, kernel); rc != cudaSuccess) {
+      return static_cast<int>(rc);
+    }
+  }
+  return 0;
+}
+
 std::string error_string(int cuda_error) {
   const auto rc = static_cast<cudaError_t>(cuda_error);
   return std::string(cudaGetErrorName(rc)) + " (" + cudaGetErrorString(rc) + ")";

@@ -8,6 +8,12 @@
 // kernel's threads wrote before it, to local, peer-mapped or host memory; a wait's poll is an acquire load at
 // system scope. The signal words may be device memory, a node peer's mapped GPU heap or host memory mapped
 // for the device (cudaHostAlloc + cudaHostAllocMapped, or the host heap registered with cudaHostRegister).
+// A set is one 64-bit store and is right on every one of them. An add is a read-modify-write: atomic with the
+// other GPU atomics on the same device memory, but on host memory it is atomic with the CPU's atomics on that
+// word only where the device reports cudaDevAttrHostNativeAtomicSupported (NVLink-C2C systems; not a GPU
+// behind PCIe), so an add that a CPU thread may race (any signal in the host heap) does not go through these
+// kernels: the runtime applies it from a host callback in stream order (runtime/stream.cpp,
+// signal_on_stream), and the kernels' add is for signals in device memory.
 //
 // Every launcher takes the stream as a cudaStream_t passed through `void*` (nullptr = the legacy default
 // stream) and returns the cudaError_t of the launch as an int (0 = cudaSuccess); a kernel never fails after a
@@ -51,6 +57,13 @@ struct StreamWaitStatus {
 /// Occupies one thread of one block while it waits.
 int wait_until_async(void* stream, const std::uint64_t* sig, Cmp cmp, std::uint64_t value, std::uint64_t timeout_ns,
                      StreamWaitStatus* status);
+
+/// Loads the three kernels into the current context now (cudaFuncGetAttributes on each). CUDA loads modules
+/// lazily by default (CUDA_MODULE_LOADING=LAZY since 12.2), and loading one at its first launch may need a
+/// context-wide synchronization: a first put_signal launched while a wait_until kernel spins would then wait
+/// for that wait, until its deadline. The runtime calls this when it sets up the stream calls, before any
+/// kernel runs. Returns the first error (0 = all loaded).
+int load_kernels();
 
 /// "cudaErrorInvalidValue (invalid argument)": the name and text of a launcher's result, for messages.
 std::string error_string(int cuda_error);
