@@ -48,10 +48,11 @@
 ///     relay work while calls are in flight and no layer call runs, so the rank may compute or block in MPI
 ///     meanwhile; it must then not call the Context itself between a dispatch_send and its combine_recv
 ///     (other layer calls and plain MPI are fine), and must destroy the layer or complete its calls before
-///     Context::finalize. The thread's errors are thrown by this rank's next layer call; outputs are
-///     bit-identical either way. The layer refuses it (Errc::unsupported, every rank alike, before any
-///     collective call) with MPI below MPI_THREAD_MULTIPLE, with UBEP_PROGRESS_THREAD=0 and peers on the ucx
-///     route, with Memory::device and in SimGrid builds (docs/MOE.md, "The relay thread").
+///     Context::finalize. The thread's errors are thrown by this rank's next layer call, and what it sends is
+///     counted in traffic() at that call; outputs are bit-identical either way. The layer refuses it
+///     (Errc::unsupported, every rank alike, before any collective call) with MPI below MPI_THREAD_MULTIPLE,
+///     with UBEP_PROGRESS_THREAD=0 and peers on the ucx route, with Memory::device and in SimGrid builds
+///     (docs/MOE.md, "The relay thread").
 ///
 /// One call, on every rank:
 ///   auto h = layer.dispatch(tokens, topk_idx, topk_weights);     // or dispatch_send + dispatch_recv
